@@ -1,0 +1,60 @@
+//! Connecting to other services of the mesh.
+
+use std::time::Duration;
+
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::auth::{BearerInterceptor, BearerToken};
+use crate::error::KitError;
+
+/// A channel to a Sleuth service that sends the mesh's bearer token on every call.
+pub type MeshChannel = InterceptedService<Channel, BearerInterceptor>;
+
+/// Parses `endpoint` ("host:port" or "http://host:port") into a tonic endpoint.
+pub fn endpoint(endpoint: &str, connect_timeout: Duration) -> Result<Endpoint, KitError> {
+    let uri = if endpoint.contains("://") { endpoint.to_owned() } else { format!("http://{endpoint}") };
+    Endpoint::from_shared(uri)
+        .map(|e| e.connect_timeout(connect_timeout).tcp_nodelay(true))
+        .map_err(|error| KitError::Config { field: "endpoint", message: format!("{endpoint:?}: {error}") })
+}
+
+/// A channel that connects on first use and reconnects after failures, so a
+/// service can start before the services it calls.
+pub fn connect_lazy(address: &str, token: Option<&BearerToken>) -> Result<MeshChannel, KitError> {
+    let channel = endpoint(address, Duration::from_secs(5))?.connect_lazy();
+    Ok(InterceptedService::new(channel, BearerInterceptor::new(token)))
+}
+
+/// Connects now, failing with `KitError::Connect` if the service cannot be reached.
+pub async fn connect(address: &str, token: Option<&BearerToken>, timeout: Duration) -> Result<MeshChannel, KitError> {
+    let channel = endpoint(address, timeout)?
+        .connect()
+        .await
+        .map_err(|source| KitError::Connect { endpoint: address.to_owned(), source })?;
+    Ok(InterceptedService::new(channel, BearerInterceptor::new(token)))
+}
+
+/// A readiness probe that is healthy when `service` on `address` reports
+/// SERVING, for services that call another one.
+pub fn upstream_probe(
+    label: &str,
+    address: &str,
+    service: &'static str,
+    token: Option<&BearerToken>,
+) -> Result<std::sync::Arc<dyn crate::Probe>, KitError> {
+    let channel = connect_lazy(address, token)?;
+    let address = address.to_owned();
+    Ok(crate::health::probe_fn(label, move || {
+        let mut client = tonic_health::pb::health_client::HealthClient::new(channel.clone());
+        let address = address.clone();
+        Box::pin(async move {
+            let request = tonic_health::pb::HealthCheckRequest { service: service.to_owned() };
+            match client.check(request).await {
+                Ok(response) if response.get_ref().status() == tonic_health::pb::health_check_response::ServingStatus::Serving => Ok(()),
+                Ok(response) => Err(format!("{address} reports {:?}", response.get_ref().status())),
+                Err(status) => Err(format!("{address}: {}", status.message())),
+            }
+        })
+    }))
+}

@@ -1,0 +1,126 @@
+//! Command-line and environment configuration shared by every service.
+//!
+//! Each field is a clap `long` flag and a `SLEUTH_<FIELD>` environment
+//! variable, so Helm values map onto environment variables one to one.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::auth::BearerToken;
+use crate::error::KitError;
+
+/// How a service serves gRPC: authentication, limits and shutdown.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ServeArgs {
+    /// Bearer token every RPC except health must carry (`authorization: Bearer <token>`).
+    /// Also sent on calls to other services. Unset = authentication off.
+    #[arg(long, env = "SLEUTH_AUTH_TOKEN", hide_env_values = true, conflicts_with = "auth_token_file")]
+    pub auth_token: Option<BearerToken>,
+
+    /// File holding the bearer token (a mounted Kubernetes secret); trailing whitespace is ignored.
+    #[arg(long, env = "SLEUTH_AUTH_TOKEN_FILE")]
+    pub auth_token_file: Option<PathBuf>,
+
+    /// How long in-flight requests may take to finish after SIGTERM before connections are dropped.
+    #[arg(long, env = "SLEUTH_DRAIN_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub drain_timeout: Duration,
+
+    /// Upper bound on one unary request (a smaller client `grpc-timeout` wins).
+    #[arg(long, env = "SLEUTH_REQUEST_TIMEOUT", default_value = "120s", value_parser = humantime::parse_duration)]
+    pub request_timeout: Duration,
+
+    /// Requests handled at once by this process; more are rejected with
+    /// `ResourceExhausted` instead of queueing without bound.
+    #[arg(long, env = "SLEUTH_MAX_CONCURRENT_REQUESTS", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_concurrent_requests: u32,
+}
+
+impl ServeArgs {
+    /// The configured bearer token, read from `--auth-token-file` if that is how it was given.
+    pub fn bearer_token(&self) -> Result<Option<BearerToken>, KitError> {
+        if let Some(token) = &self.auth_token {
+            return Ok(Some(token.clone()));
+        }
+        let Some(path) = &self.auth_token_file else {
+            return Ok(None);
+        };
+        let text = std::fs::read_to_string(path).map_err(|source| KitError::Config {
+            field: "auth_token_file",
+            message: format!("cannot read {}: {source}", path.display()),
+        })?;
+        text.trim_end()
+            .parse()
+            .map(Some)
+            .map_err(|message| KitError::Config { field: "auth_token_file", message: format!("{}: {message}", path.display()) })
+    }
+}
+
+impl Default for ServeArgs {
+    fn default() -> Self {
+        Self {
+            auth_token: None,
+            auth_token_file: None,
+            drain_timeout: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(120),
+            max_concurrent_requests: 1024,
+        }
+    }
+}
+
+/// Log output format.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line, for log collectors.
+    Json,
+}
+
+/// Logging and trace export.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct TelemetryArgs {
+    /// OTLP/gRPC collector endpoint (e.g. http://otel-collector:4317); unset = no trace export.
+    #[arg(long, env = "SLEUTH_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
+
+    /// Log filter in `tracing` EnvFilter syntax (e.g. `info,sleuth_kit=debug`).
+    #[arg(long, env = "SLEUTH_LOG", default_value = "info")]
+    pub log: String,
+
+    /// Log output format.
+    #[arg(long, env = "SLEUTH_LOG_FORMAT", value_enum, default_value_t)]
+    pub log_format: LogFormat,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_token_from_secret_file_without_trailing_newline() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("token");
+        std::fs::write(&path, "s3cret-token\n").unwrap();
+        let args = ServeArgs { auth_token_file: Some(path), ..ServeArgs::default() };
+        let token = args.bearer_token().unwrap().unwrap();
+        assert!(token.matches_header("Bearer s3cret-token"));
+    }
+
+    #[test]
+    fn missing_token_file_names_the_field_and_path() {
+        let args = ServeArgs { auth_token_file: Some("/nonexistent/token".into()), ..ServeArgs::default() };
+        let message = args.bearer_token().unwrap_err().to_string();
+        assert!(message.contains("auth_token_file"), "{message}");
+        assert!(message.contains("/nonexistent/token"), "{message}");
+    }
+
+    #[test]
+    fn empty_token_file_is_rejected() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("token");
+        std::fs::write(&path, "\n").unwrap();
+        let args = ServeArgs { auth_token_file: Some(path), ..ServeArgs::default() };
+        assert!(args.bearer_token().unwrap_err().to_string().contains("empty"));
+    }
+}

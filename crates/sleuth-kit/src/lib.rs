@@ -1,0 +1,23 @@
+//! The plumbing every Sleuth service shares, so that each service crate only
+//! holds its own domain logic.
+//!
+//! A service's `lib.rs` builds a [`serve::GrpcService`] (its routes and the
+//! probes of the dependencies it needs) and hands it to [`serve::serve`],
+//! which adds health, reflection, authentication, the tower stack and
+//! graceful shutdown.
+
+pub mod auth;
+pub mod client;
+pub mod config;
+pub mod error;
+pub mod health;
+pub mod serve;
+pub mod shutdown;
+pub mod stack;
+pub mod telemetry;
+
+pub use auth::BearerToken;
+pub use config::{ServeArgs, TelemetryArgs};
+pub use error::{ErrorKind, KitError, ServiceError};
+pub use health::Probe;
+pub use serve::{GrpcService, serve};

@@ -1,0 +1,126 @@
+//! Serving one Sleuth gRPC service: health, reflection, the guarded stack and
+//! graceful shutdown with a drain deadline.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tonic::server::NamedService;
+use tonic::service::Routes;
+use tonic::transport::Server;
+use tonic::transport::server::TcpIncoming;
+use tonic_health::ServingStatus;
+
+use crate::config::ServeArgs;
+use crate::error::KitError;
+use crate::health::{Probe, watch_readiness};
+use crate::stack;
+
+/// A service's RPC handlers and the dependencies it needs before it can serve.
+pub struct GrpcService {
+    name: &'static str,
+    routes: Routes,
+    probes: Vec<Arc<dyn Probe>>,
+}
+
+impl GrpcService {
+    /// Wraps a tonic-generated server (e.g. `ToolGatewayServer::new(handlers)`).
+    pub fn new<S>(server: S) -> Self
+    where
+        S: tower::Service<http::Request<tonic::body::Body>, Error = std::convert::Infallible>
+            + NamedService
+            + Clone
+            + Send
+            + Sync
+            + 'static,
+        S::Response: axum::response::IntoResponse,
+        S::Future: Send + 'static,
+    {
+        Self { name: S::NAME, routes: Routes::new(server), probes: Vec::new() }
+    }
+
+    /// Adds a dependency that must answer before the service reports SERVING.
+    pub fn with_probe(mut self, probe: Arc<dyn Probe>) -> Self {
+        self.probes.push(probe);
+        self
+    }
+
+    /// The fully qualified gRPC service name, e.g. `sleuth.tools.v1.ToolGateway`.
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+}
+
+/// Serves `service` on `listener` until `shutdown` resolves, then drains.
+///
+/// On shutdown the service first reports NOT_SERVING (so load balancers stop
+/// sending new calls), then stops accepting connections and lets in-flight
+/// calls finish. Calls still running after `drain_timeout` are dropped and the
+/// function returns anyway, so a pod never outlives its termination grace period.
+pub async fn serve(
+    service: GrpcService,
+    args: &ServeArgs,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), KitError> {
+    let GrpcService { name, routes, probes } = service;
+    let token = args.bearer_token()?;
+    let local_addr = listener.local_addr().map_err(|error| KitError::Config {
+        field: "listen",
+        message: format!("listener has no local address: {error}"),
+    })?;
+
+    let (reporter, health_server) = tonic_health::server::health_reporter();
+    reporter.set_service_status(name, ServingStatus::NotServing).await;
+    reporter.set_service_status("", ServingStatus::NotServing).await;
+    let readiness = tokio::spawn(watch_readiness(reporter.clone(), name, probes));
+
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(sleuth_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .with_service_name(name)
+            .with_service_name(tonic_health::pb::health_server::SERVICE_NAME)
+    };
+    let routes = routes
+        .add_service(reflection().build_v1()?)
+        .add_service(reflection().build_v1alpha()?);
+    let guarded = stack::guard(routes.into_axum_router(), args.max_concurrent_requests as usize, token.clone());
+    // Health is added after the stack was applied, so it stays outside it.
+    let routes = Routes::from(guarded).add_service(health_server);
+
+    tracing::info!(service = name, addr = %local_addr, auth = token.is_some(), "listening");
+
+    let (drain_started, drain_signal) = tokio::sync::oneshot::channel();
+    let stop_reporter = reporter.clone();
+    let on_shutdown = async move {
+        shutdown.await;
+        readiness.abort();
+        stop_reporter.set_service_status(name, ServingStatus::NotServing).await;
+        stop_reporter.set_service_status("", ServingStatus::NotServing).await;
+        tracing::info!(service = name, "draining in-flight requests");
+        let _ = drain_started.send(());
+    };
+    let server = Server::builder()
+        .timeout(args.request_timeout)
+        .add_routes(routes)
+        .serve_with_incoming_shutdown(TcpIncoming::from(listener), on_shutdown);
+
+    let drain_deadline = async {
+        match drain_signal.await {
+            Ok(()) => tokio::time::sleep(args.drain_timeout).await,
+            // The server stopped on its own; this branch must never win.
+            Err(_) => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        result = server => {
+            result?;
+            tracing::info!(service = name, "stopped");
+        }
+        () = drain_deadline => {
+            tracing::warn!(service = name, drain_timeout = ?args.drain_timeout, "drain deadline passed, dropping remaining requests");
+        }
+    }
+    Ok(())
+}

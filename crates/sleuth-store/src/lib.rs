@@ -1,0 +1,81 @@
+//! Connections to the stateful parts of the mesh, shared by the services that
+//! need them: Redis (trajectory streams, episode traces), SQL (run state:
+//! SQLite locally, PostgreSQL on Kubernetes) and object storage (indexes and
+//! checkpoints: a local directory or S3).
+//!
+//! Each connection can be turned into a readiness [`sleuth_kit::Probe`], so a
+//! service reports NOT_SERVING until its stores answer.
+
+pub mod object;
+pub mod redis;
+pub mod sql;
+
+pub use object::{ObjectStore, S3Args};
+pub use redis::RedisStore;
+pub use sql::Database;
+
+/// Errors of every store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("invalid {field} {value:?}: {message}")]
+    InvalidUrl { field: &'static str, value: String, message: String },
+    #[error("redis at {url}")]
+    Redis {
+        url: String,
+        #[source]
+        source: ::redis::RedisError,
+    },
+    #[error("database at {url}")]
+    Sql {
+        url: String,
+        #[source]
+        source: sqlx::Error,
+    },
+    #[error("object {key:?} not found in {store}")]
+    ObjectNotFound { store: String, key: String },
+    #[error("object store {store}: {message}")]
+    Object { store: String, message: String },
+    #[error("object store {store}")]
+    Io {
+        store: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl sleuth_kit::ServiceError for StoreError {
+    fn kind(&self) -> sleuth_kit::ErrorKind {
+        use sleuth_kit::ErrorKind;
+        match self {
+            StoreError::InvalidUrl { .. } => ErrorKind::InvalidArgument,
+            StoreError::ObjectNotFound { .. } => ErrorKind::NotFound,
+            StoreError::Redis { .. } | StoreError::Sql { .. } | StoreError::Object { .. } => ErrorKind::Unavailable,
+            StoreError::Io { .. } => ErrorKind::Internal,
+        }
+    }
+}
+
+/// `url` with any password replaced, for logs and error messages.
+pub fn redact_url(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut parsed) if parsed.password().is_some() => {
+            let _ = parsed.set_password(Some("***"));
+            parsed.to_string()
+        }
+        Ok(_) => url.to_owned(),
+        Err(_) => "<unparseable url>".to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_never_reach_messages() {
+        assert_eq!(redact_url("redis://:hunter2@cache:6379/0"), "redis://:***@cache:6379/0");
+        assert_eq!(redact_url("postgres://app:hunter2@db/runs"), "postgres://app:***@db/runs");
+        assert_eq!(redact_url("sqlite://runs.db"), "sqlite://runs.db");
+        assert!(!redact_url("not a url hunter2").contains("hunter2"));
+    }
+}

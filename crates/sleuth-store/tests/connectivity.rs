@@ -1,0 +1,112 @@
+//! The store clients against real servers started on loopback ports.
+
+use anyhow::Result;
+use sleuth_store::{Database, ObjectStore, RedisStore, S3Args, StoreError};
+
+#[tokio::test]
+async fn redis_round_trip_and_probe() -> Result<()> {
+    let server = sleuth_testkit::redis()?;
+    let store = RedisStore::connect(&sleuth_testkit::redis_url(&server)).await?;
+    let mut connection = store.connection();
+    redis::cmd("SET").arg("episode:1").arg("trace").query_async::<()>(&mut connection).await?;
+    let value: String = redis::cmd("GET").arg("episode:1").query_async(&mut connection).await?;
+    assert_eq!(value, "trace");
+    assert_eq!(store.probe().check().await, Ok(()));
+
+    drop(server);
+    let error = store.probe().check().await.unwrap_err();
+    assert!(error.contains("redis"), "{error}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn redis_unreachable_names_the_redacted_url() {
+    let port = sleuth_testkit::free_port().unwrap();
+    let error = RedisStore::connect(&format!("redis://:hunter2@127.0.0.1:{port}/0")).await.err().unwrap();
+    let message = error.to_string();
+    assert!(message.contains(&format!("127.0.0.1:{port}")), "{message}");
+    assert!(!message.contains("hunter2"), "{message}");
+}
+
+async fn exercise_database(database: &Database) -> Result<()> {
+    sqlx::query("CREATE TABLE runs (run_id TEXT PRIMARY KEY, status TEXT NOT NULL)").execute(database.pool()).await?;
+    sqlx::query("INSERT INTO runs (run_id, status) VALUES ($1, $2)")
+        .bind("run-1")
+        .bind("running")
+        .execute(database.pool())
+        .await?;
+    let status: String = sqlx::query_scalar("SELECT status FROM runs WHERE run_id = $1")
+        .bind("run-1")
+        .fetch_one(database.pool())
+        .await?;
+    assert_eq!(status, "running");
+    assert_eq!(database.probe().check().await, Ok(()));
+    Ok(())
+}
+
+#[tokio::test]
+async fn sqlite_file_is_created_and_queried() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("runs.db");
+    let database = Database::connect(&format!("sqlite://{}", path.display())).await?;
+    exercise_database(&database).await?;
+    assert!(path.exists());
+    Ok(())
+}
+
+#[tokio::test]
+async fn postgres_round_trip() -> Result<()> {
+    let server = sleuth_testkit::postgres()?;
+    let database = Database::connect(&sleuth_testkit::postgres_url(&server)).await?;
+    exercise_database(&database).await
+}
+
+#[tokio::test]
+async fn unknown_database_scheme_is_rejected_by_name() {
+    let error = Database::connect("mysql://db/runs").await.err().unwrap().to_string();
+    assert!(error.contains("database_url") && error.contains("mysql://db/runs"), "{error}");
+}
+
+async fn exercise_object_store(store: &ObjectStore) -> Result<()> {
+    store.check().await?;
+    store.put("index/bm25/meta.json", b"{\"docs\":3}".to_vec()).await?;
+    store.put("index/vectors.bin", vec![7u8; 300_000]).await?;
+    store.put("checkpoints/step-1/done", Vec::new()).await?;
+    assert_eq!(store.get("index/bm25/meta.json").await?, b"{\"docs\":3}");
+    assert_eq!(store.get("index/vectors.bin").await?.len(), 300_000);
+    assert_eq!(store.list("index/").await?, ["index/bm25/meta.json", "index/vectors.bin"]);
+    assert_eq!(store.list("").await?.len(), 3);
+    store.delete("index/vectors.bin").await?;
+    store.delete("index/vectors.bin").await?;
+    assert!(matches!(store.get("index/vectors.bin").await, Err(StoreError::ObjectNotFound { .. })));
+    assert!(store.get("../outside").await.is_err());
+    Ok(())
+}
+
+#[tokio::test]
+async fn local_directory_object_store() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let store = ObjectStore::open(dir.path().join("store").to_str().unwrap(), &S3Args::default())?;
+    exercise_object_store(&store).await
+}
+
+#[tokio::test]
+async fn s3_object_store_against_real_server() -> Result<()> {
+    let server = sleuth_testkit::s3()?;
+    // SAFETY: nextest runs each test in its own process; nothing else reads the environment concurrently.
+    unsafe {
+        std::env::set_var("AWS_ACCESS_KEY_ID", "sleuth-test");
+        std::env::set_var("AWS_SECRET_ACCESS_KEY", "sleuth-test-secret");
+    }
+    let args = S3Args { s3_endpoint: Some(sleuth_testkit::s3_endpoint(&server)), ..S3Args::default() };
+    let store = ObjectStore::open("s3://sleuth-test/runs/r1", &args)?;
+    assert!(store.check().await.is_err(), "bucket does not exist yet");
+    if let ObjectStore::S3 { client, bucket, .. } = &store {
+        client.create_bucket().bucket(bucket).send().await?;
+    }
+    exercise_object_store(&store).await?;
+    // Keys live under the prefix in the bucket.
+    let bucket_root = ObjectStore::open("s3://sleuth-test", &args)?;
+    assert_eq!(bucket_root.list("runs/r1/index/").await?, ["runs/r1/index/bm25/meta.json"]);
+    Ok(())
+}

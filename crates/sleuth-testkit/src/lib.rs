@@ -1,0 +1,293 @@
+//! Real servers for tests, on loopback ports, started on demand and stopped
+//! when the handle is dropped: Redis, PostgreSQL, an S3 API server (moto) and
+//! an OpenTelemetry collector (rotel).
+//!
+//! Binaries are found on `PATH`, then in the project venv (`$SLEUTH_VENV`,
+//! default `~/.cache/sleuth/venv`) and, for PostgreSQL, in Debian's
+//! `/usr/lib/postgresql/<version>/bin`. `make setup` installs all of them; a
+//! missing one fails the test with a message that says so.
+
+use std::fs::File;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use tempfile::TempDir;
+
+/// How long a server may take to accept connections.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A running server process, killed (with its scratch directory removed) on drop.
+pub struct TestServer {
+    name: &'static str,
+    child: Option<Child>,
+    addr: SocketAddr,
+    dir: TempDir,
+    /// Extra stop step for servers that daemonise (PostgreSQL via pg_ctl).
+    stop: Option<Command>,
+}
+
+impl TestServer {
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn port(&self) -> u16 {
+        self.addr.port()
+    }
+
+    /// Scratch directory of the server (data, logs).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The server's combined stdout and stderr so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        if let Some(mut stop) = self.stop.take() {
+            let _ = stop.stdout(Stdio::null()).stderr(Stdio::null()).status();
+        }
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// A Redis 7 server without persistence. URL: [`redis_url`].
+pub fn redis() -> Result<TestServer> {
+    let binary = find_tool("redis-server")?;
+    spawn_with_free_port("redis", |port, dir| {
+        let mut command = Command::new(&binary);
+        command
+            .args(["--bind", "127.0.0.1", "--port", &port.to_string(), "--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(dir);
+        command
+    })
+}
+
+pub fn redis_url(server: &TestServer) -> String {
+    format!("redis://127.0.0.1:{}/0", server.port())
+}
+
+/// A throwaway PostgreSQL cluster (initdb + pg_ctl), trust authentication.
+/// URL: [`postgres_url`].
+pub fn postgres() -> Result<TestServer> {
+    let initdb = find_postgres_tool("initdb")?;
+    let pg_ctl = find_postgres_tool("pg_ctl")?;
+    let dir = tempfile::Builder::new().prefix("sleuth-pg-").tempdir()?;
+    let data = dir.path().join("data");
+    // PostgreSQL refuses to run as root; CI and these machines run tests as root.
+    let as_postgres = |program: &Path| -> Command {
+        if is_root() {
+            let mut command = Command::new("runuser");
+            command.args(["-u", "postgres", "--"]).arg(program);
+            command
+        } else {
+            Command::new(program)
+        }
+    };
+    if is_root() {
+        let status = Command::new("chown").args(["-R", "postgres:postgres"]).arg(dir.path()).status()?;
+        if !status.success() {
+            bail!("cannot chown {} to postgres", dir.path().display());
+        }
+    }
+    let output = as_postgres(&initdb)
+        .args(["-D"])
+        .arg(&data)
+        .args(["-U", "postgres", "--auth=trust", "--no-sync", "-E", "UTF8"])
+        .output()
+        .context("running initdb")?;
+    if !output.status.success() {
+        bail!("initdb failed: {}", String::from_utf8_lossy(&output.stderr));
+    }
+    let port = free_port()?;
+    let log = dir.path().join("server.log");
+    let options = format!("-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off", dir.path().display());
+    let output = as_postgres(&pg_ctl)
+        .arg("-D")
+        .arg(&data)
+        .args(["-o", &options, "-l"])
+        .arg(&log)
+        .args(["-w", "-t", "30", "start"])
+        .output()
+        .context("running pg_ctl start")?;
+    if !output.status.success() {
+        bail!(
+            "pg_ctl start failed: {}{}",
+            String::from_utf8_lossy(&output.stderr),
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+    }
+    let mut stop = as_postgres(&pg_ctl);
+    stop.arg("-D").arg(&data).args(["-m", "immediate", "-w", "stop"]);
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    wait_for_port(addr, None, "postgres", &log)?;
+    Ok(TestServer { name: "postgres", child: None, addr, dir, stop: Some(stop) })
+}
+
+pub fn postgres_url(server: &TestServer) -> String {
+    format!("postgres://postgres@127.0.0.1:{}/postgres", server.port())
+}
+
+/// An S3 API server (moto) that accepts any credentials. Endpoint: [`s3_endpoint`].
+/// Sets nothing in the environment: callers pass credentials themselves.
+pub fn s3() -> Result<TestServer> {
+    let binary = find_tool("moto_server")?;
+    spawn_with_free_port("s3", |port, _| {
+        let mut command = Command::new(&binary);
+        command.args(["-H", "127.0.0.1", "-p", &port.to_string()]);
+        command
+    })
+}
+
+pub fn s3_endpoint(server: &TestServer) -> String {
+    format!("http://127.0.0.1:{}", server.port())
+}
+
+/// An OpenTelemetry collector (rotel) receiving OTLP/gRPC and writing every
+/// span it receives to its log ([`TestServer::log`]).
+pub fn otlp_collector() -> Result<TestServer> {
+    let binary = find_rotel()?;
+    spawn_with_free_port("otlp-collector", |port, dir| {
+        let mut command = Command::new(&binary);
+        command
+            .arg("start")
+            .args(["--otlp-grpc-endpoint", &format!("127.0.0.1:{port}")])
+            // The HTTP receiver is not used, but it must not collide with a
+            // parallel test's collector on its default port.
+            .args(["--otlp-http-endpoint", &format!("127.0.0.1:{}", free_port().unwrap_or(0))])
+            .args(["--exporter", "blackhole", "--debug-log", "traces", "--debug-log-verbosity", "detailed"])
+            .args(["--traces-batch-timeout", "100ms"])
+            .arg("--pid-file")
+            .arg(dir.join("rotel.pid"));
+        command
+    })
+}
+
+pub fn otlp_endpoint(server: &TestServer) -> String {
+    format!("http://127.0.0.1:{}", server.port())
+}
+
+/// Waits until `predicate` holds for the server's log, returning the log.
+pub fn wait_for_log(server: &TestServer, timeout: Duration, predicate: impl Fn(&str) -> bool) -> Result<String> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let log = server.log();
+        if predicate(&log) {
+            return Ok(log);
+        }
+        if Instant::now() > deadline {
+            bail!("{} log did not show what was expected within {timeout:?}; log:\n{log}", server.name);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Starts a server on a free port, retrying with a new port if another
+/// process took it between choosing and binding.
+fn spawn_with_free_port(name: &'static str, command: impl Fn(u16, &Path) -> Command) -> Result<TestServer> {
+    let mut last_error = None;
+    for _ in 0..3 {
+        let dir = tempfile::Builder::new().prefix(&format!("sleuth-{name}-")).tempdir()?;
+        let port = free_port()?;
+        let log_path = dir.path().join("server.log");
+        let log = File::create(&log_path)?;
+        let mut child = command(port, dir.path())
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("starting {name}"))?;
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        match wait_for_port(addr, Some(&mut child), name, &log_path) {
+            Ok(()) => return Ok(TestServer { name, child: Some(child), addr, dir, stop: None }),
+            Err(error) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                last_error = Some(error);
+            }
+        }
+    }
+    Err(last_error.expect("at least one attempt"))
+}
+
+fn wait_for_port(addr: SocketAddr, mut child: Option<&mut Child>, name: &str, log: &Path) -> Result<()> {
+    let deadline = Instant::now() + START_TIMEOUT;
+    loop {
+        if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+            return Ok(());
+        }
+        if let Some(child) = child.as_deref_mut()
+            && let Some(status) = child.try_wait()?
+        {
+            bail!("{name} exited with {status} before listening on {addr}: {}", std::fs::read_to_string(log)?);
+        }
+        if Instant::now() > deadline {
+            bail!("{name} did not listen on {addr} within {START_TIMEOUT:?}: {}", std::fs::read_to_string(log)?);
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+}
+
+/// A port that was free a moment ago.
+pub fn free_port() -> Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+fn venv() -> PathBuf {
+    std::env::var_os("SLEUTH_VENV").map(PathBuf::from).unwrap_or_else(|| {
+        PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into())).join(".cache/sleuth/venv")
+    })
+}
+
+/// Finds `name` on PATH or in the project venv.
+pub fn find_tool(name: &str) -> Result<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain([venv().join("bin")])
+        .map(|dir| dir.join(name))
+        .find(|candidate| candidate.is_file())
+        .with_context(|| format!("{name} not found on PATH or in {}; run `make setup`", venv().display()))
+}
+
+fn find_postgres_tool(name: &str) -> Result<PathBuf> {
+    find_tool(name).or_else(|error| {
+        let mut versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+            .map(|entries| entries.filter_map(|e| e.ok()).map(|e| e.path().join("bin").join(name)).collect())
+            .unwrap_or_default();
+        versions.sort();
+        versions.into_iter().rev().find(|p| p.is_file()).ok_or(error)
+    })
+}
+
+/// rotel ships its collector binary inside the Python package.
+fn find_rotel() -> Result<PathBuf> {
+    find_tool("rotel-agent").or_else(|error| {
+        let lib = venv().join("lib");
+        std::fs::read_dir(&lib)
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e.ok())
+            .map(|e| e.path().join("site-packages/rotel/rotel-agent"))
+            .find(|p| p.is_file())
+            .ok_or(error)
+    })
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe extern "C" {
+        fn geteuid() -> u32;
+    }
+    unsafe { geteuid() == 0 }
+}
