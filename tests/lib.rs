@@ -1,0 +1,112 @@
+//! Support for cross-service tests: start the real service binaries as a
+//! user would, on ephemeral loopback ports, and stop them with signals.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+/// The six services, in an order where each one's upstreams start first.
+pub const SERVICES: [&str; 6] =
+    ["tool-gateway", "policy-server", "learner", "rollout-orchestrator", "inference-gateway", "agent"];
+
+/// A service binary running as a child process.
+pub struct ServiceProcess {
+    pub name: &'static str,
+    /// Address it listens on, from its "listening" log line.
+    pub addr: String,
+    child: Child,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl ServiceProcess {
+    /// Starts `name` listening on an ephemeral loopback port, with JSON logs
+    /// and the given extra environment, and waits for its "listening" line.
+    pub fn start(name: &'static str, env: &[(&str, String)]) -> Result<Self> {
+        let binary = binary(name)?;
+        let mut child = Command::new(&binary)
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("SLEUTH_LISTEN", "127.0.0.1:0")
+            .env("SLEUTH_LOG_FORMAT", "json")
+            .env("SLEUTH_LOG", "info")
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("starting {}", binary.display()))?;
+        let stderr = child.stderr.take().expect("stderr is piped");
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (addr_tx, addr_rx) = mpsc::channel();
+        let lines = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(addr) = listening_addr(&line) {
+                    let _ = addr_tx.send(addr);
+                }
+                lines.lock().unwrap().push(line);
+            }
+        });
+        match addr_rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(addr) => Ok(Self { name, addr, child, log }),
+            Err(_) => {
+                let _ = child.kill();
+                bail!("{name} did not log that it was listening; log:\n{}", log.lock().unwrap().join("\n"))
+            }
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Everything the service logged so far.
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap().join("\n")
+    }
+
+    /// Sends SIGTERM and waits (up to `limit`) for the process to exit.
+    pub fn terminate(&mut self, limit: Duration) -> Result<(ExitStatus, Duration)> {
+        let started = Instant::now();
+        let status = Command::new("kill").args(["-TERM", &self.pid().to_string()]).status()?;
+        anyhow::ensure!(status.success(), "kill -TERM {} failed", self.pid());
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                return Ok((status, started.elapsed()));
+            }
+            if started.elapsed() > limit {
+                let _ = self.child.kill();
+                bail!("{} still running {limit:?} after SIGTERM; log:\n{}", self.name, self.log());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for ServiceProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The `addr` field of the kit's JSON "listening" log line.
+fn listening_addr(line: &str) -> Option<String> {
+    let record: serde_json::Value = serde_json::from_str(line).ok()?;
+    let fields = record.get("fields")?;
+    (fields.get("message")?.as_str()? == "listening").then(|| fields.get("addr")?.as_str().map(str::to_owned))?
+}
+
+/// Path of a workspace binary: test executables live in `target/<profile>/deps`,
+/// binaries one level up. `cargo build --workspace` must have built them.
+pub fn binary(name: &str) -> Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let dir = exe.parent().and_then(|deps| deps.parent()).context("test executable has no parent directory")?;
+    let path = dir.join(name);
+    anyhow::ensure!(path.is_file(), "{} not built; run `make build` (cargo build --workspace)", path.display());
+    Ok(path)
+}

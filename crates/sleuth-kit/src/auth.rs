@@ -40,14 +40,15 @@ impl BearerToken {
 }
 
 impl FromStr for BearerToken {
-    type Err = String;
+    type Err = KitError;
 
     fn from_str(value: &str) -> Result<Self, Self::Err> {
+        let invalid = |message: &str| KitError::Config { field: "auth_token", message: message.to_owned() };
         if value.is_empty() {
-            return Err("auth token is empty".to_owned());
+            return Err(invalid("is empty"));
         }
         if !value.bytes().all(|b| b.is_ascii_graphic()) {
-            return Err("auth token must be visible ASCII without spaces".to_owned());
+            return Err(invalid("must be visible ASCII without spaces"));
         }
         Ok(Self(value.into()))
     }
@@ -169,7 +170,9 @@ mod tests {
     #[tokio::test]
     async fn unauthenticated_requests_get_unauthenticated_status() {
         use tower::ServiceExt;
-        let inner = tower::service_fn(|_: Request<()>| async { Ok::<_, std::convert::Infallible>(Response::new(String::from("handled"))) });
+        let inner = tower::service_fn(|_: Request<()>| async {
+            Ok::<_, std::convert::Infallible>(Response::new(String::from("handled")))
+        });
         let service = RequireBearerLayer::new(token()).layer(inner);
 
         let anonymous = service.clone().oneshot(Request::new(())).await.unwrap();

@@ -51,7 +51,12 @@ pub fn upstream_probe(
         Box::pin(async move {
             let request = tonic_health::pb::HealthCheckRequest { service: service.to_owned() };
             match client.check(request).await {
-                Ok(response) if response.get_ref().status() == tonic_health::pb::health_check_response::ServingStatus::Serving => Ok(()),
+                Ok(response)
+                    if response.get_ref().status()
+                        == tonic_health::pb::health_check_response::ServingStatus::Serving =>
+                {
+                    Ok(())
+                }
                 Ok(response) => Err(format!("{address} reports {:?}", response.get_ref().status())),
                 Err(status) => Err(format!("{address}: {}", status.message())),
             }

@@ -48,10 +48,10 @@ impl ServeArgs {
             field: "auth_token_file",
             message: format!("cannot read {}: {source}", path.display()),
         })?;
-        text.trim_end()
-            .parse()
-            .map(Some)
-            .map_err(|message| KitError::Config { field: "auth_token_file", message: format!("{}: {message}", path.display()) })
+        text.trim_end().parse().map(Some).map_err(|error| KitError::Config {
+            field: "auth_token_file",
+            message: format!("token in {}: {error}", path.display()),
+        })
     }
 }
 

@@ -59,10 +59,12 @@ pub fn into_status<E: ServiceError + ?Sized>(error: &E) -> Status {
         ErrorKind::AlreadyExists => Code::AlreadyExists,
         ErrorKind::FailedPrecondition => Code::FailedPrecondition,
         ErrorKind::ResourceExhausted { retry_after } => {
-            let mut status = Status::resource_exhausted(format!("{message}; retry after {} ms", retry_after.as_millis()));
-            status
-                .metadata_mut()
-                .insert(RETRY_AFTER_MS, retry_after.as_millis().to_string().parse().expect("digits are valid metadata"));
+            let mut status =
+                Status::resource_exhausted(format!("{message}; retry after {} ms", retry_after.as_millis()));
+            status.metadata_mut().insert(
+                RETRY_AFTER_MS,
+                retry_after.as_millis().to_string().parse().expect("digits are valid metadata"),
+            );
             return status;
         }
         ErrorKind::Unavailable => Code::Unavailable,

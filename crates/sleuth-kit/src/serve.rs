@@ -82,9 +82,7 @@ pub async fn serve(
             .with_service_name(name)
             .with_service_name(tonic_health::pb::health_server::SERVICE_NAME)
     };
-    let routes = routes
-        .add_service(reflection().build_v1()?)
-        .add_service(reflection().build_v1alpha()?);
+    let routes = routes.add_service(reflection().build_v1()?).add_service(reflection().build_v1alpha()?);
     let guarded = stack::guard(routes.into_axum_router(), args.max_concurrent_requests as usize, token.clone());
     // Health is added after the stack was applied, so it stays outside it.
     let routes = Routes::from(guarded).add_service(health_server);

@@ -46,12 +46,13 @@ impl Drop for TelemetryGuard {
 /// inside a Tokio runtime when an OTLP endpoint is configured (the exporter
 /// is a tonic client).
 pub fn init(service_name: &'static str, args: &TelemetryArgs) -> Result<TelemetryGuard, KitError> {
-    let filter = EnvFilter::try_new(&args.log)
-        .map_err(|error| KitError::Config { field: "log", message: format!("{:?} is not a log filter: {error}", args.log) })?;
+    let filter = EnvFilter::try_new(&args.log).map_err(|error| KitError::Config {
+        field: "log",
+        message: format!("{:?} is not a log filter: {error}", args.log),
+    })?;
     let provider = args.otlp_endpoint.as_deref().map(|endpoint| tracer_provider(service_name, endpoint)).transpose()?;
-    let export = provider
-        .as_ref()
-        .map(|provider| tracing_opentelemetry::layer().with_tracer(provider.tracer(service_name)));
+    let export =
+        provider.as_ref().map(|provider| tracing_opentelemetry::layer().with_tracer(provider.tracer(service_name)));
     let logs = match args.log_format {
         LogFormat::Text => tracing_subscriber::fmt::layer()
             .with_writer(std::io::stderr)

@@ -11,8 +11,8 @@ pub mod redis;
 pub mod sql;
 
 pub use object::{ObjectStore, S3Args};
-pub use redis::RedisStore;
-pub use sql::Database;
+pub use redis::{RedisArgs, RedisStore};
+pub use sql::{Database, DatabaseArgs};
 
 /// Errors of every store.
 #[derive(Debug, thiserror::Error)]

@@ -55,7 +55,8 @@ impl ObjectStore {
         if bucket.is_empty() {
             return Err(invalid(uri, "missing bucket name after s3://"));
         }
-        let access_key = std::env::var("AWS_ACCESS_KEY_ID").map_err(|_| invalid(uri, "AWS_ACCESS_KEY_ID is not set"))?;
+        let access_key =
+            std::env::var("AWS_ACCESS_KEY_ID").map_err(|_| invalid(uri, "AWS_ACCESS_KEY_ID is not set"))?;
         let secret_key =
             std::env::var("AWS_SECRET_ACCESS_KEY").map_err(|_| invalid(uri, "AWS_SECRET_ACCESS_KEY is not set"))?;
         let session_token = std::env::var("AWS_SESSION_TOKEN").ok();
@@ -127,13 +128,14 @@ impl ObjectStore {
                 Err(source) => Err(self.io(source)),
             },
             Self::S3 { client, bucket, .. } => {
-                let response = client.get_object().bucket(bucket).key(self.s3_key(key)).send().await.map_err(|error| {
-                    if error.as_service_error().is_some_and(|e| e.is_no_such_key()) {
-                        self.not_found(key)
-                    } else {
-                        self.s3_error("get", key, error)
-                    }
-                })?;
+                let response =
+                    client.get_object().bucket(bucket).key(self.s3_key(key)).send().await.map_err(|error| {
+                        if error.as_service_error().is_some_and(|e| e.is_no_such_key()) {
+                            self.not_found(key)
+                        } else {
+                            self.s3_error("get", key, error)
+                        }
+                    })?;
                 let body = response.body.collect().await.map_err(|error| StoreError::Object {
                     store: self.uri(),
                     message: format!("reading {key:?}: {error}"),
@@ -204,9 +206,13 @@ impl ObjectStore {
     pub async fn check(&self) -> Result<(), StoreError> {
         match self {
             Self::Local { root } => tokio::fs::create_dir_all(root).await.map_err(|source| self.io(source)),
-            Self::S3 { client, bucket, .. } => {
-                client.head_bucket().bucket(bucket).send().await.map(drop).map_err(|error| self.s3_error("head", "", error))
-            }
+            Self::S3 { client, bucket, .. } => client
+                .head_bucket()
+                .bucket(bucket)
+                .send()
+                .await
+                .map(drop)
+                .map_err(|error| self.s3_error("head", "", error)),
         }
     }
 

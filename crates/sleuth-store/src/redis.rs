@@ -1,39 +1,61 @@
 //! Redis: trajectory streams and episode traces.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::FutureExt;
-use redis::aio::ConnectionManager;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use tokio::sync::OnceCell;
 
 use crate::{StoreError, redact_url};
 
-/// A shared, reconnecting Redis connection.
+/// Where Redis is.
+#[derive(clap::Args, Debug, Clone)]
+pub struct RedisArgs {
+    /// Redis URL: redis://[:password@]host:port[/db].
+    #[arg(long, env = "SLEUTH_REDIS_URL", default_value = "redis://127.0.0.1:6379/0")]
+    pub redis_url: String,
+}
+
+/// A shared, reconnecting Redis connection, opened on first use so a service
+/// can start (and report NOT_SERVING) before Redis is up.
 #[derive(Clone)]
 pub struct RedisStore {
     url: String,
-    connection: ConnectionManager,
+    client: redis::Client,
+    connection: Arc<OnceCell<ConnectionManager>>,
 }
 
 impl RedisStore {
-    /// Connects to `url` (`redis://[:password@]host:port[/db]`) and checks it answers.
-    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+    /// Validates `url` without connecting.
+    pub fn open(url: &str) -> Result<Self, StoreError> {
         let redacted = redact_url(url);
         let client = redis::Client::open(url).map_err(|error| StoreError::InvalidUrl {
             field: "redis_url",
             value: redacted.clone(),
             message: error.to_string(),
         })?;
-        let connection = ConnectionManager::new(client)
-            .await
-            .map_err(|source| StoreError::Redis { url: redacted.clone(), source })?;
-        let store = Self { url: redacted, connection };
+        Ok(Self { url: redacted, client, connection: Arc::default() })
+    }
+
+    /// Opens `url` and checks that Redis answers.
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        let store = Self::open(url)?;
         store.ping().await?;
         Ok(store)
     }
 
-    /// A connection handle; clones share one multiplexed connection.
-    pub fn connection(&self) -> ConnectionManager {
-        self.connection.clone()
+    /// A connection handle; clones share one multiplexed connection that
+    /// reconnects by itself after Redis restarts.
+    pub async fn connection(&self) -> Result<ConnectionManager, StoreError> {
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(2)))
+            .set_number_of_retries(2);
+        self.connection
+            .get_or_try_init(|| ConnectionManager::new_with_config(self.client.clone(), config))
+            .await
+            .cloned()
+            .map_err(|source| StoreError::Redis { url: self.url.clone(), source })
     }
 
     /// The URL with its password redacted.
@@ -42,7 +64,7 @@ impl RedisStore {
     }
 
     pub async fn ping(&self) -> Result<(), StoreError> {
-        let mut connection = self.connection.clone();
+        let mut connection = self.connection().await?;
         redis::cmd("PING")
             .query_async::<String>(&mut connection)
             .await

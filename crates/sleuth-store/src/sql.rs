@@ -11,6 +11,14 @@ use sqlx::{AnyPool, Row};
 use crate::redis::error_source;
 use crate::{StoreError, redact_url};
 
+/// Where the run-state database is.
+#[derive(clap::Args, Debug, Clone)]
+pub struct DatabaseArgs {
+    /// sqlite://path/to/file.db (created if missing) or postgres://user:password@host:port/db.
+    #[arg(long, env = "SLEUTH_DATABASE_URL", default_value = "sqlite://sleuth.db", hide_env_values = true)]
+    pub database_url: String,
+}
+
 /// Which SQL engine a database URL names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Engine {
@@ -27,9 +35,9 @@ pub struct Database {
 }
 
 impl Database {
-    /// Connects to `url`: `sqlite://path/to/runs.db` (created if missing) or
-    /// `postgres://user:password@host:port/db`.
-    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+    /// Opens a pool for `url` without connecting yet: `sqlite://path/to/runs.db`
+    /// (created if missing) or `postgres://user:password@host:port/db`.
+    pub fn open(url: &str) -> Result<Self, StoreError> {
         let redacted = redact_url(url);
         let engine = if url.starts_with("sqlite:") {
             Engine::Sqlite
@@ -55,11 +63,19 @@ impl Database {
                 Engine::Sqlite => 4,
                 Engine::Postgres => 16,
             })
-            .acquire_timeout(Duration::from_secs(10))
-            .connect(&url_with_create)
-            .await
-            .map_err(|source| StoreError::Sql { url: redacted.clone(), source })?;
-        let database = Self { url: redacted, engine, pool };
+            .acquire_timeout(Duration::from_secs(5))
+            .connect_lazy(&url_with_create)
+            .map_err(|error| StoreError::InvalidUrl {
+                field: "database_url",
+                value: redacted.clone(),
+                message: error.to_string(),
+            })?;
+        Ok(Self { url: redacted, engine, pool })
+    }
+
+    /// Opens `url` and checks that the database answers.
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        let database = Self::open(url)?;
         database.ping().await?;
         Ok(database)
     }

@@ -7,7 +7,7 @@ use sleuth_store::{Database, ObjectStore, RedisStore, S3Args, StoreError};
 async fn redis_round_trip_and_probe() -> Result<()> {
     let server = sleuth_testkit::redis()?;
     let store = RedisStore::connect(&sleuth_testkit::redis_url(&server)).await?;
-    let mut connection = store.connection();
+    let mut connection = store.connection().await?;
     redis::cmd("SET").arg("episode:1").arg("trace").query_async::<()>(&mut connection).await?;
     let value: String = redis::cmd("GET").arg("episode:1").query_async(&mut connection).await?;
     assert_eq!(value, "trace");

@@ -64,14 +64,22 @@ impl Drop for TestServer {
 /// A Redis 7 server without persistence. URL: [`redis_url`].
 pub fn redis() -> Result<TestServer> {
     let binary = find_tool("redis-server")?;
-    spawn_with_free_port("redis", |port, dir| {
-        let mut command = Command::new(&binary);
-        command
-            .args(["--bind", "127.0.0.1", "--port", &port.to_string(), "--save", "", "--appendonly", "no"])
-            .arg("--dir")
-            .arg(dir);
-        command
-    })
+    spawn_with_free_port("redis", |port, dir| redis_command(&binary, port, dir))
+}
+
+/// A Redis server on a given port (to start a dependency after the service that needs it).
+pub fn redis_on_port(port: u16) -> Result<TestServer> {
+    let binary = find_tool("redis-server")?;
+    spawn_on_port("redis", port, &|port, dir| redis_command(&binary, port, dir))
+}
+
+fn redis_command(binary: &Path, port: u16, dir: &Path) -> Command {
+    let mut command = Command::new(binary);
+    command
+        .args(["--bind", "127.0.0.1", "--port", &port.to_string(), "--save", "", "--appendonly", "no"])
+        .arg("--dir")
+        .arg(dir);
+    command
 }
 
 pub fn redis_url(server: &TestServer) -> String {
@@ -198,27 +206,31 @@ pub fn wait_for_log(server: &TestServer, timeout: Duration, predicate: impl Fn(&
 fn spawn_with_free_port(name: &'static str, command: impl Fn(u16, &Path) -> Command) -> Result<TestServer> {
     let mut last_error = None;
     for _ in 0..3 {
-        let dir = tempfile::Builder::new().prefix(&format!("sleuth-{name}-")).tempdir()?;
-        let port = free_port()?;
-        let log_path = dir.path().join("server.log");
-        let log = File::create(&log_path)?;
-        let mut child = command(port, dir.path())
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
-            .with_context(|| format!("starting {name}"))?;
-        let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        match wait_for_port(addr, Some(&mut child), name, &log_path) {
-            Ok(()) => return Ok(TestServer { name, child: Some(child), addr, dir, stop: None }),
-            Err(error) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                last_error = Some(error);
-            }
+        match spawn_on_port(name, free_port()?, &command) {
+            Ok(server) => return Ok(server),
+            Err(error) => last_error = Some(error),
         }
     }
     Err(last_error.expect("at least one attempt"))
+}
+
+fn spawn_on_port(name: &'static str, port: u16, command: &dyn Fn(u16, &Path) -> Command) -> Result<TestServer> {
+    let dir = tempfile::Builder::new().prefix(&format!("sleuth-{name}-")).tempdir()?;
+    let log_path = dir.path().join("server.log");
+    let log = File::create(&log_path)?;
+    let mut child = command(port, dir.path())
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()
+        .with_context(|| format!("starting {name}"))?;
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    if let Err(error) = wait_for_port(addr, Some(&mut child), name, &log_path) {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(error);
+    }
+    Ok(TestServer { name, child: Some(child), addr, dir, stop: None })
 }
 
 fn wait_for_port(addr: SocketAddr, mut child: Option<&mut Child>, name: &str, log: &Path) -> Result<()> {

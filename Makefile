@@ -1,0 +1,52 @@
+# Sleuth developer entry points. Every target installs what it needs first.
+#
+#   make demo   start the whole mesh locally, show it healthy, stop it
+#   make test   build and run every test (real Redis, PostgreSQL, S3, libtorch)
+#   make lint   rustfmt check + clippy with warnings as errors
+#
+# The venv (libtorch) and the cargo build cache live outside the checkout,
+# under $(SLEUTH_CACHE), so fresh clones build incrementally.
+
+SHELL := /bin/bash
+SLEUTH_CACHE ?= $(HOME)/.cache/sleuth
+VENV := $(SLEUTH_CACHE)/venv
+
+export SLEUTH_CACHE
+export SLEUTH_VENV := $(VENV)
+export CARGO_TARGET_DIR ?= $(SLEUTH_CACHE)/target
+# tch's build finds libtorch through the venv's torch package.
+export LIBTORCH_USE_PYTORCH := 1
+export PATH := $(VENV)/bin:$(PATH)
+# Binaries find libtorch at run time without LD_LIBRARY_PATH. Recursive (=) so
+# that it is evaluated after `setup` created the venv.
+TORCH_LIB = $(firstword $(wildcard $(VENV)/lib/python3*/site-packages/torch/lib))
+export RUSTFLAGS = -C link-arg=-Wl,-rpath,$(TORCH_LIB)
+
+.PHONY: setup build test lint demo proto env clean-cache
+
+setup:
+	@deploy/local/setup.sh
+
+build: setup
+	cargo build --workspace --all-targets
+
+test: build
+	cargo nextest run --workspace --profile ci
+
+lint: setup
+	cargo fmt --all --check
+	cargo clippy --workspace --all-targets -- -D warnings
+
+demo: build
+	@deploy/local/demo.sh
+
+# Code generation runs in crates/sleuth-proto/build.rs; this only forces it.
+proto: setup
+	cargo build -p sleuth-proto
+
+# For running cargo by hand with the same settings: eval "$$(make -s env)"
+env:
+	@echo 'export CARGO_TARGET_DIR="$(CARGO_TARGET_DIR)" LIBTORCH_USE_PYTORCH=1 SLEUTH_VENV="$(VENV)" PATH="$(VENV)/bin:$$PATH" RUSTFLAGS="$(RUSTFLAGS)"'
+
+clean-cache:
+	rm -rf "$(CARGO_TARGET_DIR)"

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Installs everything Sleuth needs to build and test on a fresh Debian machine.
+# Idempotent: each step checks first and does nothing when already done.
+#
+#   SLEUTH_CACHE  where the venv and the cargo build cache live (default ~/.cache/sleuth)
+set -euo pipefail
+
+cache="${SLEUTH_CACHE:-$HOME/.cache/sleuth}"
+venv="$cache/venv"
+here="$(cd "$(dirname "$0")" && pwd)"
+requirements="$here/requirements.txt"
+
+say() { printf '\033[1msetup:\033[0m %s\n' "$*"; }
+
+as_root() {
+  if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+# System packages: Redis 7 and PostgreSQL for tests and the demo, util-linux
+# for runuser (PostgreSQL refuses to run as root), a C++ toolchain for tch.
+missing=()
+command -v redis-server >/dev/null || missing+=(redis-server)
+{ command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; } || missing+=(postgresql)
+command -v runuser >/dev/null || missing+=(util-linux)
+command -v c++ >/dev/null || missing+=(g++)
+command -v python3 >/dev/null || missing+=(python3)
+python3 -c 'import venv, ensurepip' 2>/dev/null || missing+=(python3-venv)
+if [ ${#missing[@]} -gt 0 ]; then
+  say "installing Debian packages: ${missing[*]}"
+  as_root apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# The project venv: libtorch (through the torch wheel) and the test servers.
+mkdir -p "$cache"
+stamp="$venv/.sleuth-requirements"
+if [ ! -x "$venv/bin/python" ]; then
+  say "creating venv $venv"
+  python3 -m venv "$venv"
+fi
+if ! cmp -s "$requirements" "$stamp"; then
+  say "installing Python packages (torch is ~4.7 GB, a few minutes the first time)"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check -r "$requirements"
+  cp "$requirements" "$stamp"
+fi
+
+# Rust test runner.
+if ! cargo nextest --version >/dev/null 2>&1; then
+  say "installing cargo-nextest"
+  cargo install --locked cargo-nextest
+fi
+# Lint components.
+if ! cargo clippy --version >/dev/null 2>&1 || ! cargo fmt --version >/dev/null 2>&1; then
+  say "installing clippy and rustfmt"
+  rustup component add clippy rustfmt
+fi
+say "ready (venv $venv, build cache ${CARGO_TARGET_DIR:-$cache/target})"
