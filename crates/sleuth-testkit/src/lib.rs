@@ -262,11 +262,14 @@ fn venv() -> PathBuf {
     })
 }
 
-/// Finds `name` on PATH or in the project venv.
+/// Finds `name` on PATH, in the project venv or among the tools `make setup`
+/// installs beside it (`~/.cache/sleuth/bin`).
 pub fn find_tool(name: &str) -> Result<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();
+    let cache_bin = venv().parent().map(|cache| cache.join("bin"));
     std::env::split_paths(&path)
         .chain([venv().join("bin")])
+        .chain(cache_bin)
         .map(|dir| dir.join(name))
         .find(|candidate| candidate.is_file())
         .with_context(|| format!("{name} not found on PATH or in {}; run `make setup`", venv().display()))

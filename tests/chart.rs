@@ -1,0 +1,99 @@
+//! The Helm chart renders, passes Kubernetes schema validation offline, and
+//! only sets environment variables that the binaries it runs understand.
+
+use std::path::Path;
+use std::process::Command;
+
+use anyhow::{Context, Result, ensure};
+use sleuth_testkit::find_tool;
+
+fn chart_dir() -> &'static Path {
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../helm/sleuth"))
+}
+
+fn helm_template(sets: &[&str]) -> Result<String> {
+    let mut command = Command::new(find_tool("helm")?);
+    command.args(["template", "ci-release"]).arg(chart_dir());
+    for set in sets {
+        command.args(["--set", set]);
+    }
+    let output = command.output().context("running helm template")?;
+    ensure!(output.status.success(), "helm template failed: {}", String::from_utf8_lossy(&output.stderr));
+    Ok(String::from_utf8(output.stdout)?)
+}
+
+fn validate(manifests: &str) -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("rendered.yaml");
+    std::fs::write(&path, manifests)?;
+    let output = Command::new(find_tool("kubernetes-validate")?).args(["--strict", "--quiet"]).arg(&path).output()?;
+    ensure!(
+        output.status.success(),
+        "kubernetes-validate rejected the chart:\n{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok(())
+}
+
+/// (binary, SLEUTH_* variable names, readiness gRPC service) of each Deployment.
+fn deployments(manifests: &str) -> Vec<(String, Vec<String>, Option<String>)> {
+    manifests
+        .split("\n---")
+        .filter(|doc| doc.contains("\nkind: Deployment"))
+        .map(|doc| {
+            let binary = doc
+                .lines()
+                .find_map(|l| l.trim().strip_prefix("command: [\"/usr/local/bin/"))
+                .map(|rest| rest.trim_end_matches("\"]").to_owned())
+                .unwrap_or_default();
+            let env = doc
+                .lines()
+                .filter_map(|l| l.trim().strip_prefix("- name: "))
+                .filter(|name| name.starts_with("SLEUTH_"))
+                .map(str::to_owned)
+                .collect();
+            let probe = doc.lines().find_map(|l| l.trim().strip_prefix("service: ")).map(str::to_owned);
+            (binary, env, probe)
+        })
+        .collect()
+}
+
+#[test]
+fn chart_renders_valid_manifests_with_known_settings() -> Result<()> {
+    let defaults = helm_template(&[])?;
+    let production = helm_template(&[
+        "auth.existingSecret=mesh-token",
+        "database.existingSecret=postgres-url",
+        "telemetry.otlpEndpoint=http://otel-collector:4317",
+        "components.policyServer.device=cuda:0",
+    ])?;
+    validate(&defaults)?;
+    validate(&production)?;
+
+    for manifests in [&defaults, &production] {
+        let found = deployments(manifests);
+        let mut binaries: Vec<_> = found.iter().map(|(b, _, _)| b.as_str()).collect();
+        binaries.sort();
+        let mut expected = sleuth_tests::SERVICES.to_vec();
+        expected.sort();
+        assert_eq!(binaries, expected, "one Deployment per service");
+
+        for (binary, env, probe) in &found {
+            let help = Command::new(sleuth_tests::binary(binary)?).arg("--help").output()?;
+            let help = String::from_utf8(help.stdout)?;
+            for name in env {
+                assert!(
+                    help.contains(&format!("env: {name}")),
+                    "chart sets {name} for {binary}, which does not read it"
+                );
+            }
+            let probe = probe.as_deref().unwrap_or_default();
+            assert!(probe.starts_with("sleuth."), "{binary} has no gRPC readiness probe on its own service: {probe:?}");
+        }
+    }
+    assert!(production.contains("secretName: mesh-token"));
+    assert!(!production.contains("kind: Secret"), "an existing secret must not be replaced");
+    assert!(defaults.contains("kind: Secret"), "the chart creates the token secret when none is given");
+    Ok(())
+}
