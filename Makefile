@@ -17,9 +17,10 @@ export CARGO_TARGET_DIR ?= $(SLEUTH_CACHE)/target
 # tch's build finds libtorch through the venv's torch package.
 export LIBTORCH_USE_PYTORCH := 1
 export PATH := $(VENV)/bin:$(SLEUTH_CACHE)/bin:$(PATH)
-# Binaries find libtorch at run time without LD_LIBRARY_PATH. Recursive (=) so
-# that it is evaluated after `setup` created the venv.
-TORCH_LIB = $(firstword $(wildcard $(VENV)/lib/python3*/site-packages/torch/lib))
+# Binaries find libtorch at run time without LD_LIBRARY_PATH. Recursive (=) and
+# through the shell (make caches directory listings for $(wildcard)), so it is
+# evaluated after `setup` created the venv.
+TORCH_LIB = $(shell ls -d $(VENV)/lib/python3*/site-packages/torch/lib 2>/dev/null | head -n 1)
 export RUSTFLAGS = -C link-arg=-Wl,-rpath,$(TORCH_LIB)
 
 .PHONY: setup build test lint demo proto env clean-cache
@@ -28,6 +29,7 @@ setup:
 	@deploy/local/setup.sh
 
 build: setup
+	@test -n "$(TORCH_LIB)" || { echo "libtorch not found under $(VENV); run make setup" >&2; exit 1; }
 	cargo build --workspace --all-targets
 
 test: build
