@@ -275,6 +275,44 @@ pub fn find_tool(name: &str) -> Result<PathBuf> {
         .with_context(|| format!("{name} not found on PATH or in {}; run `make setup`", venv().display()))
 }
 
+/// A real BEIR collection from `../shared/data/beir/<name>.beir.tar.gz`,
+/// unpacked once under `~/.cache/sleuth/data`. `Ok(None)` (with a message on
+/// stderr) when the shared data is absent, so tests can skip instead of fail.
+pub fn beir_collection(name: &str) -> Result<Option<PathBuf>> {
+    let shared = std::env::var_os("SLEUTH_SHARED_DATA")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data"));
+    let archive = shared.join("beir").join(format!("{name}.beir.tar.gz"));
+    if !archive.is_file() {
+        eprintln!("SKIP: {} not found (set SLEUTH_SHARED_DATA to the shared data directory)", archive.display());
+        return Ok(None);
+    }
+    let cache = venv().parent().map(|c| c.join("data")).context("venv has no parent directory")?;
+    let dir = cache.join(name);
+    if dir.join("corpus.jsonl").is_file() {
+        return Ok(Some(dir));
+    }
+    std::fs::create_dir_all(&cache)?;
+    // Unpack beside the target and rename, so parallel tests never see half a collection.
+    let scratch = tempfile::Builder::new().prefix(&format!(".{name}-")).tempdir_in(&cache)?;
+    let status = Command::new("tar").arg("xzf").arg(&archive).arg("-C").arg(scratch.path()).status()?;
+    anyhow::ensure!(status.success(), "cannot unpack {}", archive.display());
+    match std::fs::rename(scratch.path().join(name), &dir) {
+        Ok(()) => {}
+        Err(_) if dir.join("corpus.jsonl").is_file() => {} // another test won the race
+        Err(error) => return Err(error).with_context(|| format!("moving {name} into {}", cache.display())),
+    }
+    Ok(Some(dir))
+}
+
+/// The project venv's Python, which has the peers tests compare against
+/// (pytrec_eval, transformers, ...).
+pub fn venv_python() -> Result<PathBuf> {
+    let python = venv().join("bin/python");
+    anyhow::ensure!(python.is_file(), "{} not found; run `make setup`", python.display());
+    Ok(python)
+}
+
 fn find_postgres_tool(name: &str) -> Result<PathBuf> {
     find_tool(name).or_else(|error| {
         let mut versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")

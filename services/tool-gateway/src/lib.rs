@@ -1,29 +1,58 @@
-//! The tool gateway: the agents' search environment. It will serve BM25 and
-//! vector search and document reads over indexed BEIR collections, with tool
-//! schemas in OpenAI function format.
+//! The tool gateway: the agents' search environment. It serves search tools
+//! (BM25 today; vector search comes next) and document reads over indexed
+//! BEIR collections, with tool schemas in OpenAI function format.
 //!
-//! Status: the service starts, reports health and answers reflection; every
-//! RPC of `sleuth.tools.v1.ToolGateway` answers `Unimplemented` until the
-//! tool-gateway work lands.
+//! - [`index`] builds and opens a collection's on-disk index;
+//! - [`bm25`] scores with configurable BM25 over tantivy;
+//! - [`collection`] holds the served collections;
+//! - [`tools`] parses model-generated tool calls and renders observations;
+//! - [`storage`] moves sources and indexes between object storage and disk;
+//! - [`handlers`] is the gRPC surface; [`offline`] the index/search/evaluate commands.
+
+pub mod bm25;
+pub mod collection;
+pub mod error;
+pub mod handlers;
+pub mod index;
+pub mod offline;
+pub mod storage;
+pub mod tools;
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
 
-use sleuth_kit::{ErrorKind, GrpcService, KitError, ServeArgs, ServiceError, TelemetryArgs};
-use sleuth_proto::tools::v1::tool_gateway_server::{ToolGateway, ToolGatewayServer};
+use futures::FutureExt;
+use sleuth_kit::{GrpcService, ServeArgs, TelemetryArgs};
+use sleuth_proto::tools::v1::tool_gateway_server::ToolGatewayServer;
+use sleuth_store::S3Args;
 use tokio::net::TcpListener;
 
+pub use error::Error;
+
+use crate::collection::Collections;
+use crate::handlers::Handlers;
+
 /// Configuration, from flags or `SLEUTH_*` environment variables.
-#[derive(clap::Parser, Debug, Clone)]
-#[command(
-    name = "tool-gateway",
-    version,
-    about = "Search tools (BM25, vector search, read document) over indexed collections, for agents."
-)]
+#[derive(clap::Args, Debug, Clone)]
 pub struct Config {
     /// Address to listen on for gRPC.
     #[arg(long, env = "SLEUTH_LISTEN", default_value = "0.0.0.0:50053")]
     pub listen: SocketAddr,
+
+    /// Directory where CreateCollection builds indexes and S3 indexes are cached.
+    #[arg(long, env = "SLEUTH_INDEX_ROOT", default_value = "indexes")]
+    pub index_root: PathBuf,
+
+    /// Collections to serve from startup, as name=index-uri (a directory or
+    /// s3://bucket/prefix), comma separated. The gateway reports NOT_SERVING
+    /// until all are loaded.
+    #[arg(long, env = "SLEUTH_COLLECTIONS", value_delimiter = ',', value_parser = parse_collection)]
+    pub collections: Vec<(String, String)>,
+
+    #[command(flatten)]
+    pub s3: S3Args,
 
     #[command(flatten)]
     pub serve: ServeArgs,
@@ -32,35 +61,47 @@ pub struct Config {
     pub telemetry: TelemetryArgs,
 }
 
-/// Errors that stop the service.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error(transparent)]
-    Kit(#[from] KitError),
+fn parse_collection(value: &str) -> Result<(String, String), String> {
+    let (name, uri) = value.split_once('=').ok_or_else(|| format!("expected name=index-uri, got {value:?}"))?;
+    collection::validate_name(name).map_err(|e| e.to_string())?;
+    Ok((name.to_owned(), uri.to_owned()))
 }
 
-impl ServiceError for Error {
-    fn kind(&self) -> ErrorKind {
-        match self {
-            Error::Kit(error) => error.kind(),
-        }
-    }
-}
-
-/// The RPC handlers. RPCs not overridden here answer `Unimplemented`.
-#[derive(Debug, Clone, Default)]
-pub struct Handlers;
-
-#[tonic::async_trait]
-impl ToolGateway for Handlers {}
-
-/// Serves the tool-gateway on `listener` until `shutdown` resolves.
+/// Serves the tool gateway on `listener` until `shutdown` resolves.
 pub async fn run(
     config: Config,
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
-    let service = GrpcService::new(ToolGatewayServer::new(Handlers));
+    let collections = Collections::default();
+    let startup = Arc::new(OnceLock::new());
+    tokio::spawn(load_startup_collections(config.clone(), collections.clone(), startup.clone()));
+    let readiness = sleuth_kit::health::probe_fn("collections", move || {
+        let state = match startup.get() {
+            None => Err("loading startup collections".to_owned()),
+            Some(result) => result.clone(),
+        };
+        async move { state }.boxed()
+    });
+    let handlers = Handlers::new(collections, config.index_root.clone(), config.s3.clone());
+    let service = GrpcService::new(ToolGatewayServer::from_arc(handlers)).with_probe(readiness);
     sleuth_kit::serve(service, &config.serve, listener, shutdown).await?;
     Ok(())
+}
+
+async fn load_startup_collections(config: Config, collections: Collections, done: Arc<OnceLock<Result<(), String>>>) {
+    for (name, uri) in &config.collections {
+        match storage::load(name, uri, &config.index_root, &config.s3).await {
+            Ok(collection) => {
+                tracing::info!(collection = %name, %uri, documents = collection.len(), "collection loaded");
+                collections.insert(collection);
+            }
+            Err(error) => {
+                tracing::error!(collection = %name, %uri, %error, "cannot load collection");
+                let _ = done.set(Err(format!("collection {name:?} from {uri:?}: {error}")));
+                return;
+            }
+        }
+    }
+    let _ = done.set(Ok(()));
 }

@@ -1,0 +1,276 @@
+//! gRPC handlers: thin translations between the proto and the gateway's logic.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use sleuth_beir::{BadLines, BeirDir};
+use sleuth_proto::tools::v1 as pb;
+use sleuth_proto::tools::v1::tool_gateway_server::ToolGateway;
+use sleuth_store::{ObjectStore, S3Args};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::codegen::BoxStream;
+use tonic::{Request, Response, Status};
+
+use crate::bm25::{Bm25Options, Stemming};
+use crate::collection::{Collection, Collections, Hit, Method, validate_name};
+use crate::error::Error;
+use crate::index::{self, BuildProgress};
+use crate::storage;
+use crate::tools::{self, MAX_QUERY_CHARS, ToolCall};
+
+/// Largest `k` of the typed Search RPC.
+pub const MAX_SEARCH_K: u32 = 1000;
+
+/// State shared by the handlers.
+#[derive(Clone)]
+pub struct Handlers {
+    pub collections: Collections,
+    /// Where CreateCollection builds indexes and remote indexes are cached.
+    pub index_root: PathBuf,
+    pub s3: S3Args,
+}
+
+/// Runs blocking work (searches, index builds, file copies) off the async runtime.
+async fn blocking<T: Send + 'static>(work: impl FnOnce() -> Result<T, Error> + Send + 'static) -> Result<T, Status> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|join| Status::internal(format!("worker thread failed: {join}")))?
+        .map_err(Status::from)
+}
+
+fn hits_to_proto(collection: &Collection, hits: &[Hit]) -> Vec<pb::SearchHit> {
+    hits.iter()
+        .map(|hit| {
+            let document = collection.document(hit.ordinal);
+            pb::SearchHit {
+                doc_id: document.id.clone(),
+                title: document.title.clone(),
+                snippet: tools::snippet(&document.text),
+                score: hit.score,
+            }
+        })
+        .collect()
+}
+
+fn collection_to_proto(collection: &Collection) -> pb::Collection {
+    pb::Collection {
+        name: collection.name().to_owned(),
+        documents: collection.len() as u64,
+        methods: collection
+            .methods()
+            .iter()
+            .map(|method| match method {
+                Method::Bm25 => pb::SearchMethod::Bm25 as i32,
+            })
+            .collect(),
+        embedding_model: String::new(),
+        embedding_dim: 0,
+        index_uri: collection.index_uri.clone(),
+    }
+}
+
+#[tonic::async_trait]
+impl ToolGateway for Handlers {
+    async fn list_tools(
+        &self,
+        request: Request<pb::ListToolsRequest>,
+    ) -> Result<Response<pb::ListToolsResponse>, Status> {
+        let collection = self.collections.get(&request.into_inner().collection)?;
+        let specs = tools::specs(&collection);
+        let openai_tools_json = tools::openai_tools_json(&specs);
+        Ok(Response::new(pb::ListToolsResponse { tools: specs, openai_tools_json }))
+    }
+
+    async fn call_tool(&self, request: Request<pb::CallToolRequest>) -> Result<Response<pb::CallToolResponse>, Status> {
+        let request = request.into_inner();
+        let collection = self.collections.get(&request.collection)?;
+        let call = tools::parse_call(&request.name, &request.arguments_json)?;
+        let cap = request.observation_char_cap as usize;
+        let searched = collection.clone();
+        let observation = blocking(move || tools::execute(&searched, &call, cap)).await?;
+        Ok(Response::new(pb::CallToolResponse {
+            observation: observation.text,
+            truncated: observation.truncated,
+            hits: hits_to_proto(&collection, &observation.hits),
+            document: observation.document.map(|ordinal| {
+                let document = collection.document(ordinal);
+                pb::Document { doc_id: document.id.clone(), title: document.title.clone(), text: document.text.clone() }
+            }),
+        }))
+    }
+
+    async fn search(&self, request: Request<pb::SearchRequest>) -> Result<Response<pb::SearchResponse>, Status> {
+        let request = request.into_inner();
+        let collection = self.collections.get(&request.collection)?;
+        if !(1..=MAX_SEARCH_K).contains(&request.k) {
+            return Err(
+                Error::InvalidArgument(format!("k must be between 1 and {MAX_SEARCH_K}, got {}", request.k)).into()
+            );
+        }
+        let query = request.query.trim();
+        if query.is_empty() {
+            return Err(Error::InvalidArgument("query must not be empty".to_owned()).into());
+        }
+        let query = tools::shorten(query, MAX_QUERY_CHARS).to_owned();
+        let method = pb::SearchMethod::try_from(request.method).unwrap_or(pb::SearchMethod::Unspecified);
+        let call = match method {
+            pb::SearchMethod::Bm25 | pb::SearchMethod::Unspecified => {
+                ToolCall::Bm25Search { query, k: request.k as usize }
+            }
+            other => {
+                return Err(Error::InvalidArgument(format!(
+                    "method {} is not available on collection {:?} (available: SEARCH_METHOD_BM25)",
+                    other.as_str_name(),
+                    request.collection
+                ))
+                .into());
+            }
+        };
+        let searched = collection.clone();
+        let started = std::time::Instant::now();
+        let hits = blocking(move || match call {
+            ToolCall::Bm25Search { query, k } => searched.bm25(&query, k),
+            ToolCall::ReadDocument { .. } => unreachable!("search builds only searches"),
+        })
+        .await?;
+        let took_micros = started.elapsed().as_micros() as u64;
+        Ok(Response::new(pb::SearchResponse { hits: hits_to_proto(&collection, &hits), took_micros }))
+    }
+
+    async fn get_document(&self, request: Request<pb::GetDocumentRequest>) -> Result<Response<pb::Document>, Status> {
+        let request = request.into_inner();
+        let collection = self.collections.get(&request.collection)?;
+        let document = collection.document_by_id(&request.doc_id).ok_or_else(|| {
+            Error::NotFound(format!(
+                "no document with doc_id {:?} in collection {:?}",
+                request.doc_id, request.collection
+            ))
+        })?;
+        Ok(Response::new(pb::Document {
+            doc_id: document.id.clone(),
+            title: document.title.clone(),
+            text: document.text.clone(),
+        }))
+    }
+
+    async fn create_collection(
+        &self,
+        request: Request<pb::CreateCollectionRequest>,
+    ) -> Result<Response<BoxStream<pb::IndexProgress>>, Status> {
+        let request = request.into_inner();
+        validate_name(&request.name)?;
+        let bm25 = bm25_options(request.bm25.as_ref())?;
+        if request.vector.as_ref().is_some_and(|v| !v.disabled) {
+            return Err(Error::InvalidArgument(
+                "vector indexing is not available in this gateway yet; set vector.disabled".to_owned(),
+            )
+            .into());
+        }
+        let bad_lines = if request.skip_bad_lines { BadLines::Skip } else { BadLines::Fail };
+        let out = self.index_root.join(&request.name);
+        let source = storage::fetch_beir(&request.source_uri, &self.index_root, &self.s3).await?;
+        let collections = self.collections.clone();
+        let (sender, receiver) = mpsc::channel(16);
+        let name = request.name.clone();
+        let index_uri = out.display().to_string();
+        tokio::task::spawn_blocking(move || {
+            let report = |progress: BuildProgress| {
+                let _ = sender.blocking_send(Ok(pb::IndexProgress {
+                    phase: progress.phase.to_owned(),
+                    done_items: progress.done,
+                    total_items: progress.total,
+                    skipped_lines: progress.skipped_lines,
+                    done: false,
+                    collection: None,
+                }));
+            };
+            let mut report = report;
+            let result = index::build(&BeirDir::new(source.path()), &out, &name, &bm25, bad_lines, &mut report)
+                .and_then(|manifest| Ok((manifest, Collection::open(&out, index_uri)?)));
+            let last = match result {
+                Ok((manifest, collection)) => {
+                    tracing::info!(collection = %name, documents = manifest.documents, skipped = manifest.skipped_lines, "collection indexed");
+                    let collection = collections.insert(collection);
+                    Ok(pb::IndexProgress {
+                        phase: "done".to_owned(),
+                        done_items: manifest.documents,
+                        total_items: manifest.documents,
+                        skipped_lines: manifest.skipped_lines,
+                        done: true,
+                        collection: Some(collection_to_proto(&collection)),
+                    })
+                }
+                Err(error) => Err(Status::from(error)),
+            };
+            let _ = sender.blocking_send(last);
+            drop(source);
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(receiver))))
+    }
+
+    async fn load_collection(
+        &self,
+        request: Request<pb::LoadCollectionRequest>,
+    ) -> Result<Response<pb::Collection>, Status> {
+        let request = request.into_inner();
+        validate_name(&request.name)?;
+        let collection = storage::load(&request.name, &request.index_uri, &self.index_root, &self.s3).await?;
+        let collection = self.collections.insert(collection);
+        Ok(Response::new(collection_to_proto(&collection)))
+    }
+
+    async fn publish_collection(
+        &self,
+        request: Request<pb::PublishCollectionRequest>,
+    ) -> Result<Response<pb::PublishCollectionResponse>, Status> {
+        let request = request.into_inner();
+        let collection = self.collections.get(&request.name)?;
+        let destination = ObjectStore::open(&request.destination_uri, &self.s3).map_err(Error::from)?;
+        let bytes = storage::publish(&collection.local_dir, &destination).await?;
+        Ok(Response::new(pb::PublishCollectionResponse { uri: destination.uri(), bytes }))
+    }
+
+    async fn list_collections(
+        &self,
+        _: Request<pb::ListCollectionsRequest>,
+    ) -> Result<Response<pb::ListCollectionsResponse>, Status> {
+        let collections = self.collections.list().iter().map(|c| collection_to_proto(c)).collect();
+        Ok(Response::new(pb::ListCollectionsResponse { collections }))
+    }
+
+    async fn delete_collection(
+        &self,
+        request: Request<pb::DeleteCollectionRequest>,
+    ) -> Result<Response<pb::DeleteCollectionResponse>, Status> {
+        self.collections.remove(&request.into_inner().name)?;
+        Ok(Response::new(pb::DeleteCollectionResponse {}))
+    }
+}
+
+/// BM25 options of a request, defaults for unset fields.
+pub fn bm25_options(options: Option<&pb::Bm25Options>) -> Result<Bm25Options, Error> {
+    let defaults = Bm25Options::default();
+    let Some(options) = options else { return Ok(defaults) };
+    let stemmer = match options.stemmer.as_str() {
+        "" | "english" => Stemming::English,
+        "none" => Stemming::None,
+        other => {
+            return Err(Error::InvalidArgument(format!("bm25.stemmer must be \"english\" or \"none\", got {other:?}")));
+        }
+    };
+    let bm25 = Bm25Options {
+        k1: options.k1.unwrap_or(defaults.k1),
+        b: options.b.unwrap_or(defaults.b),
+        stemmer,
+        stop_words: options.stop_words.unwrap_or(defaults.stop_words),
+    };
+    bm25.validate()?;
+    Ok(bm25)
+}
+
+impl Handlers {
+    pub fn new(collections: Collections, index_root: PathBuf, s3: S3Args) -> Arc<Self> {
+        Arc::new(Self { collections, index_root, s3 })
+    }
+}

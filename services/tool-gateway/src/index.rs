@@ -1,0 +1,237 @@
+//! A collection's index on disk, built once from a BEIR corpus and opened by
+//! every gateway that serves the collection.
+//!
+//! ```text
+//! <dir>/manifest.json      what was indexed and how (written last: its presence marks a complete index)
+//! <dir>/documents.jsonl    id, title, text and analyzed length of each document, by ordinal
+//! <dir>/tantivy/           inverted index of title + text, with each document's ordinal
+//! ```
+//!
+//! Building writes into `<dir>.partial` and renames it into place at the end,
+//! so a crash never leaves a half-built index that looks complete.
+
+use std::collections::HashSet;
+use std::fs::File;
+use std::io::{BufRead, BufReader, BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use sleuth_beir::{BadLines, BeirDir};
+use tantivy::schema::{FAST, INDEXED, IndexRecordOption, STORED, Schema, TextFieldIndexing, TextOptions};
+use tantivy::{Index, IndexReader, ReloadPolicy, TantivyDocument};
+
+use crate::bm25::{self, ANALYZER, Bm25Options, Bm25Scorer};
+use crate::error::Error;
+
+const FORMAT: u32 = 1;
+const MANIFEST: &str = "manifest.json";
+const DOCUMENTS: &str = "documents.jsonl";
+const TANTIVY: &str = "tantivy";
+
+/// What an index holds and how it was built.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    pub format: u32,
+    pub name: String,
+    pub documents: u64,
+    pub skipped_lines: u64,
+    pub source: String,
+    pub bm25: Bm25Options,
+}
+
+/// One stored document.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StoredDocument {
+    pub id: String,
+    pub title: String,
+    pub text: String,
+    /// Analyzed tokens of title + text (the BM25 document length).
+    pub length: u32,
+}
+
+/// Progress of a build, reported as it goes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BuildProgress {
+    pub phase: &'static str,
+    pub done: u64,
+    pub total: u64,
+    pub skipped_lines: u64,
+}
+
+/// How often (in documents) progress is reported.
+const PROGRESS_EVERY: u64 = 1000;
+
+/// Builds the index of the BEIR collection `source` into `out`.
+pub fn build(
+    source: &BeirDir,
+    out: &Path,
+    name: &str,
+    bm25: &Bm25Options,
+    bad_lines: BadLines,
+    progress: &mut dyn FnMut(BuildProgress),
+) -> Result<Manifest, Error> {
+    bm25.validate()?;
+    if out.join(MANIFEST).exists() {
+        return Err(Error::AlreadyExists(format!("an index already exists at {}", out.display())));
+    }
+    let partial = partial_dir(out);
+    if partial.exists() {
+        std::fs::remove_dir_all(&partial).map_err(|e| Error::io(&partial, e))?;
+    }
+    std::fs::create_dir_all(partial.join(TANTIVY)).map_err(|e| Error::io(&partial, e))?;
+
+    let schema = schema();
+    let content = schema.get_field("content").expect("schema has content");
+    let ordinal = schema.get_field("ordinal").expect("schema has ordinal");
+    let index = Index::create_in_dir(partial.join(TANTIVY), schema)?;
+    index.tokenizers().register(ANALYZER, bm25.analyzer());
+    let mut writer = index.writer_with_num_threads(1, 100_000_000)?;
+    let mut analyzer = bm25.analyzer();
+
+    let documents_path = partial.join(DOCUMENTS);
+    let mut documents = BufWriter::new(File::create(&documents_path).map_err(|e| Error::io(&documents_path, e))?);
+    let mut records = source.corpus(bad_lines)?;
+    let mut seen = HashSet::new();
+    let mut duplicates: u64 = 0;
+    let mut count: u64 = 0;
+    while let Some(record) = records.next() {
+        let document = record?;
+        if !seen.insert(document.id.clone()) {
+            let message = format!("duplicate document id {:?} in {}", document.id, source.corpus_path().display());
+            if bad_lines == BadLines::Fail {
+                return Err(Error::InvalidArgument(message));
+            }
+            duplicates += 1;
+            continue;
+        }
+        let body = format!("{}\n{}", document.title, document.text);
+        let length = bm25::tokens(&mut analyzer, &body).len() as u32;
+        let mut doc = TantivyDocument::new();
+        doc.add_u64(ordinal, count);
+        doc.add_text(content, &body);
+        writer.add_document(doc)?;
+        let stored = StoredDocument { id: document.id, title: document.title, text: document.text, length };
+        serde_json::to_writer(&mut documents, &stored).map_err(|e| Error::Internal(e.to_string()))?;
+        documents.write_all(b"\n").map_err(|e| Error::io(&documents_path, e))?;
+        count += 1;
+        if count.is_multiple_of(PROGRESS_EVERY) {
+            let (read, total) = records.progress();
+            progress(BuildProgress { phase: "bm25", done: read, total, skipped_lines: records.skipped() });
+        }
+    }
+    documents.flush().map_err(|e| Error::io(&documents_path, e))?;
+    let skipped_lines = records.skipped() + duplicates;
+    progress(BuildProgress { phase: "writing", done: count, total: count, skipped_lines });
+    writer.commit()?;
+    // One segment: queries then walk one postings list per term.
+    let segments = index.searchable_segment_ids()?;
+    if segments.len() > 1 {
+        writer.merge(&segments).wait()?;
+    }
+    writer.wait_merging_threads()?;
+
+    let manifest = Manifest {
+        format: FORMAT,
+        name: name.to_owned(),
+        documents: count,
+        skipped_lines,
+        source: source.root().display().to_string(),
+        bm25: bm25.clone(),
+    };
+    let manifest_path = partial.join(MANIFEST);
+    std::fs::write(&manifest_path, serde_json::to_vec_pretty(&manifest).map_err(|e| Error::Internal(e.to_string()))?)
+        .map_err(|e| Error::io(&manifest_path, e))?;
+    if out.exists() {
+        std::fs::remove_dir_all(out).map_err(|e| Error::io(out, e))?;
+    }
+    std::fs::rename(&partial, out).map_err(|e| Error::io(out, e))?;
+    Ok(manifest)
+}
+
+fn partial_dir(out: &Path) -> PathBuf {
+    let mut name = out.file_name().map(|n| n.to_os_string()).unwrap_or_default();
+    name.push(".partial");
+    out.with_file_name(name)
+}
+
+fn schema() -> Schema {
+    let mut builder = Schema::builder();
+    builder.add_u64_field("ordinal", FAST | INDEXED | STORED);
+    let indexing = TextFieldIndexing::default().set_tokenizer(ANALYZER).set_index_option(IndexRecordOption::WithFreqs);
+    builder.add_text_field("content", TextOptions::default().set_indexing_options(indexing));
+    builder.build()
+}
+
+/// An opened index: documents in memory, BM25 over tantivy.
+pub struct OpenIndex {
+    pub manifest: Manifest,
+    pub documents: Vec<StoredDocument>,
+    pub reader: IndexReader,
+    pub scorer: Bm25Scorer,
+}
+
+/// Opens the complete index in `dir`.
+pub fn open(dir: &Path) -> Result<OpenIndex, Error> {
+    let manifest_path = dir.join(MANIFEST);
+    let manifest_bytes = std::fs::read(&manifest_path).map_err(|error| match error.kind() {
+        std::io::ErrorKind::NotFound => {
+            Error::NotFound(format!("no complete index at {} (no {MANIFEST})", dir.display()))
+        }
+        _ => Error::io(&manifest_path, error),
+    })?;
+    let manifest: Manifest = serde_json::from_slice(&manifest_bytes)
+        .map_err(|e| Error::InvalidArgument(format!("{}: {e}", manifest_path.display())))?;
+    if manifest.format != FORMAT {
+        return Err(Error::InvalidArgument(format!(
+            "{}: index format {} is not supported (expected {FORMAT}); rebuild the index",
+            manifest_path.display(),
+            manifest.format
+        )));
+    }
+    let documents_path = dir.join(DOCUMENTS);
+    let file = File::open(&documents_path).map_err(|e| Error::io(&documents_path, e))?;
+    let mut documents = Vec::with_capacity(manifest.documents as usize);
+    for (index, line) in BufReader::new(file).lines().enumerate() {
+        let line = line.map_err(|e| Error::io(&documents_path, e))?;
+        let document: StoredDocument = serde_json::from_str(&line)
+            .map_err(|e| Error::Internal(format!("{}:{}: {e}", documents_path.display(), index + 1)))?;
+        documents.push(document);
+    }
+    if documents.len() as u64 != manifest.documents {
+        return Err(Error::Internal(format!(
+            "{} holds {} documents, manifest says {}",
+            documents_path.display(),
+            documents.len(),
+            manifest.documents
+        )));
+    }
+
+    let index = Index::open_in_dir(dir.join(TANTIVY))?;
+    index.tokenizers().register(ANALYZER, manifest.bm25.analyzer());
+    let reader = index.reader_builder().reload_policy(ReloadPolicy::Manual).try_into()?;
+    let schema = index.schema();
+    let content = schema.get_field("content")?;
+    let searcher = reader.searcher();
+    let mut ordinals = Vec::new();
+    for segment in searcher.segment_readers() {
+        let column = segment.fast_fields().u64("ordinal")?;
+        let map = (0..segment.max_doc())
+            .map(|doc| {
+                column
+                    .first(doc)
+                    .map(|o| o as u32)
+                    .ok_or_else(|| Error::Internal(format!("document {doc} has no ordinal")))
+            })
+            .collect::<Result<Vec<u32>, Error>>()?;
+        ordinals.push(map);
+    }
+    let lengths: Vec<u32> = documents.iter().map(|d| d.length).collect();
+    let average_length = if lengths.is_empty() {
+        1.0
+    } else {
+        (lengths.iter().map(|&l| u64::from(l)).sum::<u64>() as f32 / lengths.len() as f32).max(1.0)
+    };
+    let scorer = Bm25Scorer { options: manifest.bm25.clone(), content, lengths, average_length, ordinals };
+    Ok(OpenIndex { manifest, documents, reader, scorer })
+}

@@ -1,0 +1,152 @@
+//! Command-line work on index directories, without a running gateway:
+//! `index`, `search` and `evaluate`.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use sleuth_beir::{BadLines, BeirDir};
+use sleuth_metrics::run::write_run;
+
+use crate::bm25::{Bm25Options, Stemming};
+use crate::collection::{Collection, validate_name};
+use crate::error::Error;
+use crate::index::{self, BuildProgress};
+
+#[derive(clap::Args, Debug)]
+pub struct IndexArgs {
+    /// BEIR directory (corpus.jsonl, queries.jsonl, qrels/).
+    #[arg(long)]
+    pub source: PathBuf,
+    /// Directory to write the index to (must not hold an index yet).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Collection name clients will use; default: the source directory's name.
+    #[arg(long)]
+    pub name: Option<String>,
+    /// BM25 term-frequency saturation.
+    #[arg(long, default_value_t = Bm25Options::default().k1)]
+    pub k1: f32,
+    /// BM25 length normalisation.
+    #[arg(long, default_value_t = Bm25Options::default().b)]
+    pub b: f32,
+    /// Stemming.
+    #[arg(long, value_enum, default_value = "english")]
+    pub stemmer: Stemming,
+    /// Keep English stop words.
+    #[arg(long)]
+    pub keep_stop_words: bool,
+    /// Skip malformed corpus lines (counted and reported) instead of failing.
+    #[arg(long)]
+    pub skip_bad_lines: bool,
+}
+
+pub fn index(args: IndexArgs) -> Result<(), Error> {
+    let name = match args.name {
+        Some(name) => name,
+        None => args.source.file_name().and_then(|n| n.to_str()).unwrap_or("collection").to_ascii_lowercase(),
+    };
+    validate_name(&name)?;
+    let bm25 = Bm25Options { k1: args.k1, b: args.b, stemmer: args.stemmer, stop_words: !args.keep_stop_words };
+    let bad_lines = if args.skip_bad_lines { BadLines::Skip } else { BadLines::Fail };
+    let started = Instant::now();
+    let mut report = |p: BuildProgress| {
+        let percent = if p.total > 0 { 100.0 * p.done as f64 / p.total as f64 } else { 100.0 };
+        eprintln!("{:>8}: {percent:5.1}%  skipped lines: {}", p.phase, p.skipped_lines);
+    };
+    let source = BeirDir::new(&args.source);
+    let manifest = index::build(&source, &args.out, &name, &bm25, bad_lines, &mut report)?;
+    println!(
+        "indexed {} documents of {:?} into {} in {:.1}s ({} malformed lines skipped)",
+        manifest.documents,
+        name,
+        args.out.display(),
+        started.elapsed().as_secs_f64(),
+        manifest.skipped_lines
+    );
+    Ok(())
+}
+
+#[derive(clap::Args, Debug)]
+pub struct SearchArgs {
+    /// Index directory.
+    #[arg(long)]
+    pub index: PathBuf,
+    /// Number of hits.
+    #[arg(long, short, default_value_t = 10)]
+    pub k: usize,
+    /// The query.
+    pub query: String,
+}
+
+pub fn search(args: SearchArgs) -> Result<(), Error> {
+    let collection = Collection::open(&args.index, args.index.display().to_string())?;
+    for (rank, hit) in collection.bm25(&args.query, args.k)?.iter().enumerate() {
+        let document = collection.document(hit.ordinal);
+        println!(
+            "{:>3}. {:>8.4}  {}  {}",
+            rank + 1,
+            hit.score,
+            document.id,
+            crate::tools::shorten(document.title.trim(), 90)
+        );
+    }
+    Ok(())
+}
+
+#[derive(clap::Args, Debug)]
+pub struct EvaluateArgs {
+    /// Index directory.
+    #[arg(long)]
+    pub index: PathBuf,
+    /// BEIR directory with queries.jsonl and qrels/.
+    #[arg(long)]
+    pub source: PathBuf,
+    /// Qrels split to score.
+    #[arg(long, default_value = "test")]
+    pub split: String,
+    /// Write the ranking (top 100 per query) as a TREC run file here.
+    #[arg(long)]
+    pub run_file: Option<PathBuf>,
+}
+
+/// Depth of the rankings evaluated and written.
+const RUN_DEPTH: usize = 100;
+
+pub fn evaluate(args: EvaluateArgs) -> Result<(), Error> {
+    let collection = Collection::open(&args.index, args.index.display().to_string())?;
+    let beir = BeirDir::new(&args.source);
+    let qrels = beir.qrels(&args.split)?;
+    let queries = beir.queries(BadLines::Fail)?;
+    let started = Instant::now();
+    let mut rankings = BTreeMap::new();
+    for query in queries.iter().filter(|q| qrels.contains_key(&q.id)) {
+        let hits = collection.bm25(&query.text, RUN_DEPTH)?;
+        let ranking: Vec<(String, f64)> =
+            hits.iter().map(|hit| (collection.document(hit.ordinal).id.clone(), f64::from(hit.score))).collect();
+        rankings.insert(query.id.clone(), ranking);
+    }
+    let elapsed = started.elapsed();
+    let ids: BTreeMap<String, Vec<&str>> =
+        rankings.iter().map(|(q, r)| (q.clone(), r.iter().map(|(d, _)| d.as_str()).collect())).collect();
+    let summary = sleuth_metrics::evaluate(&ids, &qrels);
+    println!(
+        "{} {} bm25: nDCG@10 {:.4}  recall@100 {:.4}  MRR {:.4}  ({} queries scored, {} judged queries without a query text, {:.0} queries/s)",
+        collection.name(),
+        args.split,
+        summary.ndcg_at_10,
+        summary.recall_at_100,
+        summary.mrr,
+        summary.evaluated,
+        summary.missing_from_run,
+        rankings.len() as f64 / elapsed.as_secs_f64()
+    );
+    if let Some(path) = args.run_file {
+        let mut file = std::io::BufWriter::new(std::fs::File::create(&path).map_err(|e| Error::io(&path, e))?);
+        write_run(&mut file, &rankings, "sleuth-bm25").map_err(|e| Error::io(&path, e))?;
+        file.flush().map_err(|e| Error::io(&path, e))?;
+        println!("run written to {}", path.display());
+    }
+    Ok(())
+}

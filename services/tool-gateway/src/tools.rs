@@ -1,0 +1,324 @@
+//! The agent-facing tools: their OpenAI function schemas, parsing of the
+//! arguments a model generated, and rendering of observations.
+//!
+//! Everything the model controls arrives here as text. Parsing never panics
+//! and every rejection names the argument and what was wrong, because the
+//! message is shown to the model as the tool's observation.
+
+use serde_json::{Map, Value, json};
+use sleuth_proto::common::v1::ToolSpec;
+
+use crate::collection::{Collection, Hit};
+use crate::error::Error;
+use crate::index::StoredDocument;
+
+pub const BM25_SEARCH: &str = "bm25_search";
+pub const READ_DOCUMENT: &str = "read_document";
+
+/// Hits a tool call may ask for.
+pub const MAX_TOOL_K: u64 = 50;
+const DEFAULT_TOOL_K: u64 = 10;
+/// Queries longer than this are cut (not rejected): models sometimes paste whole documents.
+pub const MAX_QUERY_CHARS: usize = 1000;
+/// Characters of a document's text shown per search hit.
+const SNIPPET_CHARS: usize = 300;
+
+/// The tools a collection offers.
+pub fn specs(_collection: &Collection) -> Vec<ToolSpec> {
+    vec![
+        ToolSpec {
+            name: BM25_SEARCH.to_owned(),
+            description: "Keyword search (BM25) over the document collection. Best for exact terms, names, \
+                          identifiers and rare words. Returns document ids, titles and snippets."
+                .to_owned(),
+            parameters_json: json!({
+                "type": "object",
+                "properties": {
+                    "query": {"type": "string", "description": "Search keywords."},
+                    "k": {"type": "integer", "minimum": 1, "maximum": MAX_TOOL_K, "description": "Number of results (default 10)."}
+                },
+                "required": ["query"],
+                "additionalProperties": false
+            })
+            .to_string(),
+        },
+        ToolSpec {
+            name: READ_DOCUMENT.to_owned(),
+            description: "Read the full text of one document by its id.".to_owned(),
+            parameters_json: json!({
+                "type": "object",
+                "properties": {"doc_id": {"type": "string", "description": "Document id from a search result."}},
+                "required": ["doc_id"],
+                "additionalProperties": false
+            })
+            .to_string(),
+        },
+    ]
+}
+
+/// The specs as an OpenAI `tools` array.
+pub fn openai_tools_json(specs: &[ToolSpec]) -> String {
+    let tools: Vec<Value> = specs
+        .iter()
+        .map(|spec| {
+            let parameters: Value = serde_json::from_str(&spec.parameters_json).unwrap_or(Value::Null);
+            json!({"type": "function", "function": {"name": spec.name, "description": spec.description, "parameters": parameters}})
+        })
+        .collect();
+    Value::Array(tools).to_string()
+}
+
+/// A parsed, validated tool call.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ToolCall {
+    Bm25Search { query: String, k: usize },
+    ReadDocument { doc_id: String },
+}
+
+/// Parses the arguments a model generated for tool `name`.
+pub fn parse_call(name: &str, arguments_json: &str) -> Result<ToolCall, Error> {
+    match name {
+        BM25_SEARCH => {
+            let mut args = arguments(name, arguments_json, &["query", "k"])?;
+            let query = query_argument(name, &mut args)?;
+            let k = match args.remove("k") {
+                None | Some(Value::Null) => DEFAULT_TOOL_K,
+                Some(Value::Number(n)) => match n.as_u64() {
+                    Some(k) if (1..=MAX_TOOL_K).contains(&k) => k,
+                    _ => return Err(invalid(format!("{name}: k must be an integer from 1 to {MAX_TOOL_K}, got {n}"))),
+                },
+                Some(other) => {
+                    return Err(invalid(format!("{name}: k must be an integer from 1 to {MAX_TOOL_K}, got {other}")));
+                }
+            };
+            Ok(ToolCall::Bm25Search { query, k: k as usize })
+        }
+        READ_DOCUMENT => {
+            let mut args = arguments(name, arguments_json, &["doc_id"])?;
+            match args.remove("doc_id") {
+                Some(Value::String(id)) if !id.trim().is_empty() => {
+                    Ok(ToolCall::ReadDocument { doc_id: id.trim().to_owned() })
+                }
+                Some(Value::Number(n)) => Ok(ToolCall::ReadDocument { doc_id: n.to_string() }),
+                Some(other) => Err(invalid(format!("{name}: doc_id must be a non-empty string, got {other}"))),
+                None => Err(invalid(format!("{name}: missing required argument doc_id"))),
+            }
+        }
+        other => {
+            Err(invalid(format!("unknown tool {:?} (available: {BM25_SEARCH}, {READ_DOCUMENT})", shorten(other, 80))))
+        }
+    }
+}
+
+fn arguments(name: &str, text: &str, allowed: &[&str]) -> Result<Map<String, Value>, Error> {
+    let value: Value = serde_json::from_str(text).map_err(|error| {
+        invalid(format!("{name}: arguments are not valid JSON ({error}): {:?}", shorten(text, 200)))
+    })?;
+    let Value::Object(map) = value else {
+        return Err(invalid(format!(
+            "{name}: arguments must be a JSON object, got {}",
+            shorten(&value.to_string(), 200)
+        )));
+    };
+    if let Some(unknown) = map.keys().find(|key| !allowed.contains(&key.as_str())) {
+        return Err(invalid(format!(
+            "{name}: unknown argument {:?} (expected: {})",
+            shorten(unknown, 80),
+            allowed.join(", ")
+        )));
+    }
+    Ok(map)
+}
+
+fn query_argument(name: &str, args: &mut Map<String, Value>) -> Result<String, Error> {
+    match args.remove("query") {
+        Some(Value::String(query)) => {
+            let query = query.trim();
+            if query.is_empty() {
+                return Err(invalid(format!("{name}: query must not be empty")));
+            }
+            Ok(shorten(query, MAX_QUERY_CHARS).to_owned())
+        }
+        Some(other) => {
+            Err(invalid(format!("{name}: query must be a string, got {}", shorten(&other.to_string(), 200))))
+        }
+        None => Err(invalid(format!("{name}: missing required argument query"))),
+    }
+}
+
+fn invalid(message: String) -> Error {
+    Error::InvalidArgument(message)
+}
+
+/// At most `max` characters of `text`, cut at a character boundary.
+pub fn shorten(text: &str, max: usize) -> &str {
+    match text.char_indices().nth(max) {
+        Some((end, _)) => &text[..end],
+        None => text,
+    }
+}
+
+/// The result of a tool call, structured and rendered.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Observation {
+    pub text: String,
+    pub truncated: bool,
+    pub hits: Vec<Hit>,
+    pub document: Option<u32>,
+}
+
+/// Runs `call` against `collection` (blocking: searches are CPU work) and
+/// renders the observation, capped at `char_cap` characters (0 = no cap).
+pub fn execute(collection: &Collection, call: &ToolCall, char_cap: usize) -> Result<Observation, Error> {
+    let (text, hits, document) = match call {
+        ToolCall::Bm25Search { query, k } => {
+            let hits = collection.bm25(query, *k)?;
+            (render_hits(collection, BM25_SEARCH, query, &hits), hits, None)
+        }
+        ToolCall::ReadDocument { doc_id } => {
+            let Some(document) = collection.document_by_id(doc_id) else {
+                return Err(Error::NotFound(format!(
+                    "{READ_DOCUMENT}: no document with doc_id {:?} in collection {:?}",
+                    shorten(doc_id, 80),
+                    collection.name()
+                )));
+            };
+            let ordinal = collection.ordinal(doc_id).expect("document was found by id");
+            (render_document(document), Vec::new(), Some(ordinal))
+        }
+    };
+    let (text, truncated) = cap(text, char_cap);
+    Ok(Observation { text, truncated, hits, document })
+}
+
+fn render_hits(collection: &Collection, tool: &str, query: &str, hits: &[Hit]) -> String {
+    if hits.is_empty() {
+        return format!("{tool} found no documents for {query:?}.");
+    }
+    let mut text = format!("{tool} results for {query:?}:\n");
+    for (rank, hit) in hits.iter().enumerate() {
+        let document = collection.document(hit.ordinal);
+        text.push_str(&format!(
+            "[{}] doc_id: {} | {}\n{}\n",
+            rank + 1,
+            document.id,
+            document.title.trim(),
+            snippet(&document.text)
+        ));
+    }
+    text
+}
+
+fn render_document(document: &StoredDocument) -> String {
+    format!("doc_id: {}\ntitle: {}\n\n{}", document.id, document.title.trim(), document.text.trim())
+}
+
+/// The leading text of a document, for search results.
+pub fn snippet(text: &str) -> String {
+    let text = text.trim();
+    let short = shorten(text, SNIPPET_CHARS);
+    if short.len() < text.len() { format!("{short}...") } else { short.to_owned() }
+}
+
+const TRUNCATION_MARK: &str = "\n[observation truncated]";
+
+/// Cuts `text` to at most `char_cap` characters (marking the cut); 0 = no cap.
+fn cap(text: String, char_cap: usize) -> (String, bool) {
+    if char_cap == 0 || text.chars().count() <= char_cap {
+        return (text, false);
+    }
+    let mark = TRUNCATION_MARK.chars().count();
+    let keep = char_cap.saturating_sub(mark);
+    let mut capped = shorten(&text, keep).to_owned();
+    if char_cap > mark {
+        capped.push_str(TRUNCATION_MARK);
+    }
+    (capped, true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_search_with_default_and_explicit_k() {
+        assert_eq!(
+            parse_call(BM25_SEARCH, r#"{"query": "  protein folding "}"#).unwrap(),
+            ToolCall::Bm25Search { query: "protein folding".into(), k: 10 }
+        );
+        assert_eq!(
+            parse_call(BM25_SEARCH, r#"{"query": "x", "k": 3}"#).unwrap(),
+            ToolCall::Bm25Search { query: "x".into(), k: 3 }
+        );
+    }
+
+    #[test]
+    fn rejections_name_the_argument_and_value() {
+        let message = |name: &str, args: &str| parse_call(name, args).unwrap_err().to_string();
+        assert!(message(BM25_SEARCH, r#"{"query": "x", "k": 0}"#).contains("k must be an integer from 1 to 50, got 0"));
+        assert!(message(BM25_SEARCH, r#"{"query": "x", "k": "5"}"#).contains("got \"5\""));
+        assert!(message(BM25_SEARCH, r#"{"query": "   "}"#).contains("query must not be empty"));
+        assert!(message(BM25_SEARCH, r#"{"q": "x"}"#).contains("unknown argument \"q\""));
+        assert!(message(BM25_SEARCH, r#"{"query": "x""#).contains("not valid JSON"));
+        assert!(message(BM25_SEARCH, r#"["x"]"#).contains("must be a JSON object"));
+        assert!(message("web_search", "{}").contains("unknown tool \"web_search\""));
+        assert!(message(READ_DOCUMENT, "{}").contains("missing required argument doc_id"));
+    }
+
+    #[test]
+    fn enormous_queries_are_capped_not_rejected() {
+        let long = "word ".repeat(5000);
+        let ToolCall::Bm25Search { query, .. } = parse_call(BM25_SEARCH, &json!({"query": long}).to_string()).unwrap()
+        else {
+            panic!("expected a search");
+        };
+        assert_eq!(query.chars().count(), MAX_QUERY_CHARS);
+    }
+
+    #[test]
+    fn cap_cuts_at_character_boundaries_and_marks_the_cut() {
+        let (text, truncated) = cap("é".repeat(100), 50);
+        assert!(truncated);
+        assert!(text.chars().count() <= 50 && text.ends_with("[observation truncated]"), "{text}");
+        assert_eq!(cap("short".to_owned(), 50), ("short".to_owned(), false));
+        assert_eq!(cap("x".repeat(10_000), 0).0.len(), 10_000);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn parsing_never_panics_on_arbitrary_text(name in "\\PC{0,20}", args in "\\PC{0,200}") {
+            let _ = parse_call(&name, &args);
+            let _ = parse_call(BM25_SEARCH, &args);
+            let _ = parse_call(READ_DOCUMENT, &args);
+        }
+
+        #[test]
+        fn parsing_never_panics_on_arbitrary_json(value in arbitrary_json()) {
+            let text = value.to_string();
+            let _ = parse_call(BM25_SEARCH, &text);
+            let _ = parse_call(READ_DOCUMENT, &text);
+        }
+    }
+
+    fn arbitrary_json() -> impl proptest::strategy::Strategy<Value = Value> {
+        use proptest::prelude::*;
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            any::<f64>().prop_filter("finite", |f| f.is_finite()).prop_map(Value::from),
+            "\\PC{0,40}".prop_map(Value::from),
+        ];
+        leaf.prop_recursive(3, 24, 6, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                proptest::collection::btree_map(
+                    prop_oneof![Just("query".to_owned()), Just("k".to_owned()), Just("doc_id".to_owned()), "\\PC{0,8}"],
+                    inner,
+                    0..4
+                )
+                .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+}

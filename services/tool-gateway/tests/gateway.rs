@@ -1,0 +1,282 @@
+//! The real tool gateway on an ephemeral port, serving real collections.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use sleuth_kit::client::{MeshChannel, connect};
+use sleuth_kit::{ServeArgs, TelemetryArgs};
+use sleuth_proto::tools::v1 as pb;
+use sleuth_proto::tools::v1::tool_gateway_client::ToolGatewayClient;
+use sleuth_store::S3Args;
+use tokio::net::TcpListener;
+use tonic::Code;
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+
+struct Gateway {
+    addr: String,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    _root: tempfile::TempDir,
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+async fn start(collections: Vec<(String, String)>, s3: S3Args) -> Result<Gateway> {
+    let root = tempfile::tempdir()?;
+    let config = tool_gateway::Config {
+        listen: "127.0.0.1:0".parse()?,
+        index_root: root.path().join("indexes"),
+        collections,
+        s3,
+        serve: ServeArgs::default(),
+        telemetry: TelemetryArgs::default(),
+    };
+    let listener = TcpListener::bind(config.listen).await?;
+    let addr = listener.local_addr()?.to_string();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(tool_gateway::run(config, listener, async {
+        let _ = stopped.await;
+    }));
+    let gateway = Gateway { addr, stop: Some(stop), _root: root };
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let channel = connect(&gateway.addr, None, Duration::from_secs(5)).await?;
+        let request = HealthCheckRequest { service: "sleuth.tools.v1.ToolGateway".into() };
+        if HealthClient::new(channel).check(request).await?.into_inner().status() == ServingStatus::Serving {
+            return Ok(gateway);
+        }
+        anyhow::ensure!(Instant::now() < deadline, "gateway never became SERVING");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn client(gateway: &Gateway) -> Result<ToolGatewayClient<MeshChannel>> {
+    Ok(ToolGatewayClient::new(connect(&gateway.addr, None, Duration::from_secs(5)).await?))
+}
+
+/// SciFact indexed once per test process into a temporary directory.
+fn scifact_index(dir: &std::path::Path) -> Result<Option<String>> {
+    let Some(source) = sleuth_testkit::beir_collection("scifact")? else { return Ok(None) };
+    let out = dir.join("scifact-index");
+    tool_gateway::index::build(
+        &sleuth_beir::BeirDir::new(&source),
+        &out,
+        "scifact",
+        &tool_gateway::bm25::Bm25Options::default(),
+        sleuth_beir::BadLines::Fail,
+        &mut |_| {},
+    )?;
+    Ok(Some(out.display().to_string()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serves_tools_over_scifact_with_clear_errors_and_under_concurrency() -> Result<()> {
+    let scratch = tempfile::tempdir()?;
+    let Some(index) = scifact_index(scratch.path())? else { return Ok(()) };
+    let gateway = start(vec![("scifact".into(), index)], S3Args::default()).await?;
+    let mut tools = client(&gateway).await?;
+
+    let listed = tools.list_tools(pb::ListToolsRequest { collection: "scifact".into() }).await?.into_inner();
+    let names: Vec<&str> = listed.tools.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(names, ["bm25_search", "read_document"]);
+    let openai: serde_json::Value = serde_json::from_str(&listed.openai_tools_json)?;
+    assert_eq!(openai[0]["type"], "function");
+    assert_eq!(openai[0]["function"]["parameters"]["required"][0], "query");
+
+    let call = |name: &str, args: &str, cap: u32| pb::CallToolRequest {
+        collection: "scifact".into(),
+        name: name.into(),
+        arguments_json: args.into(),
+        observation_char_cap: cap,
+        episode_id: "ep-1".into(),
+    };
+    let found = tools
+        .call_tool(call(
+            "bm25_search",
+            r#"{"query": "microstructural development of human newborn cerebral white matter", "k": 5}"#,
+            1200,
+        ))
+        .await?
+        .into_inner();
+    assert_eq!(found.hits.len(), 5);
+    assert_eq!(found.hits[0].doc_id, "4983", "the SciFact document with exactly this title ranks first");
+    assert!(found.observation.contains("doc_id: 4983") && found.observation.chars().count() <= 1200);
+    let read = tools.call_tool(call("read_document", r#"{"doc_id": "4983"}"#, 0)).await?.into_inner();
+    assert!(read.document.context("read_document returns the document")?.text.len() > 500);
+    let capped = tools.call_tool(call("read_document", r#"{"doc_id": "4983"}"#, 200)).await?.into_inner();
+    assert!(capped.truncated && capped.observation.chars().count() <= 200);
+
+    // Bad input: the right code, and a message naming the field.
+    for (request, code, needle) in [
+        (call("web_search", "{}", 0), Code::InvalidArgument, "unknown tool"),
+        (call("bm25_search", "{\"query\": ", 0), Code::InvalidArgument, "not valid JSON"),
+        (
+            call("bm25_search", r#"{"query": "x", "k": 500}"#, 0),
+            Code::InvalidArgument,
+            "k must be an integer from 1 to 50, got 500",
+        ),
+        (call("bm25_search", r#"{"query": ""}"#, 0), Code::InvalidArgument, "query must not be empty"),
+        (call("read_document", r#"{"doc_id": "no-such-doc"}"#, 0), Code::NotFound, "no-such-doc"),
+        (
+            pb::CallToolRequest { collection: "nope".into(), ..call("bm25_search", r#"{"query": "x"}"#, 0) },
+            Code::NotFound,
+            "\"nope\"",
+        ),
+    ] {
+        let status = tools.call_tool(request).await.unwrap_err();
+        assert_eq!(status.code(), code, "{status:?}");
+        assert!(status.message().contains(needle), "{:?} lacks {needle:?}", status.message());
+    }
+    let huge = serde_json::json!({"query": "cancer ".repeat(20_000)}).to_string();
+    tools.call_tool(call("bm25_search", &huge, 1200)).await?;
+    let status = tools
+        .search(pb::SearchRequest {
+            collection: "scifact".into(),
+            query: "x".into(),
+            k: 0,
+            method: pb::SearchMethod::Bm25 as i32,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert!(status.message().contains("k must be between 1 and 1000, got 0"), "{}", status.message());
+
+    // 64 concurrent callers, no errors, same answers as alone.
+    let alone = tools
+        .search(pb::SearchRequest {
+            collection: "scifact".into(),
+            query: "vitamin D deficiency".into(),
+            k: 10,
+            method: 1,
+        })
+        .await?
+        .into_inner();
+    let mut callers = Vec::new();
+    for caller in 0..64 {
+        let mut tools = client(&gateway).await?;
+        callers.push(tokio::spawn(async move {
+            for _ in 0..5 {
+                let query = if caller % 2 == 0 { "vitamin D deficiency" } else { "gene expression in T cells" };
+                let response = tools
+                    .search(pb::SearchRequest { collection: "scifact".into(), query: query.into(), k: 10, method: 1 })
+                    .await?
+                    .into_inner();
+                anyhow::ensure!(response.hits.len() == 10, "caller {caller} got {} hits", response.hits.len());
+                if caller % 2 == 0 {
+                    return Ok(Some(response.hits.iter().map(|h| h.doc_id.clone()).collect::<Vec<_>>()));
+                }
+            }
+            Ok(None)
+        }));
+    }
+    let expected: Vec<String> = alone.hits.iter().map(|h| h.doc_id.clone()).collect();
+    for caller in callers {
+        if let Some(ids) = caller.await?? {
+            assert_eq!(ids, expected);
+        }
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bm25_quality_on_scifact_matches_the_published_figure() -> Result<()> {
+    let scratch = tempfile::tempdir()?;
+    let Some(index) = scifact_index(scratch.path())? else { return Ok(()) };
+    let source = sleuth_testkit::beir_collection("scifact")?.expect("present when indexed");
+    let collection = tool_gateway::collection::Collection::open(std::path::Path::new(&index), index.clone())?;
+    let beir = sleuth_beir::BeirDir::new(&source);
+    let qrels = beir.qrels("test")?;
+    let mut rankings = std::collections::BTreeMap::new();
+    for query in beir.queries(sleuth_beir::BadLines::Fail)?.into_iter().filter(|q| qrels.contains_key(&q.id)) {
+        let hits = collection.bm25(&query.text, 100)?;
+        rankings.insert(query.id, hits.iter().map(|h| collection.document(h.ordinal).id.clone()).collect::<Vec<_>>());
+    }
+    let summary = sleuth_metrics::evaluate(&rankings, &qrels);
+    assert_eq!(summary.evaluated, 300);
+    // BEIR's published BM25 on SciFact is 0.665; bm25s with these settings 0.676.
+    assert!((summary.ndcg_at_10 - 0.665).abs() <= 0.02, "nDCG@10 {:.4}", summary.ndcg_at_10);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn creates_publishes_to_s3_and_loads_a_collection() -> Result<()> {
+    let source = tempfile::tempdir()?;
+    std::fs::write(
+        source.path().join("corpus.jsonl"),
+        concat!(
+            "{\"_id\": \"d1\", \"title\": \"Rainfall\", \"text\": \"Clouds release rain when droplets grow heavy.\"}\n",
+            "this line is broken\n",
+            "{\"_id\": \"d2\", \"title\": \"Volcanoes\", \"text\": \"Magma rises through the crust.\"}\n",
+        ),
+    )?;
+    std::fs::write(source.path().join("queries.jsonl"), "{\"_id\": \"q1\", \"text\": \"why does it rain\"}\n")?;
+    let s3_server = sleuth_testkit::s3()?;
+    // SAFETY: nextest runs each test in its own process; nothing else reads the environment concurrently.
+    unsafe {
+        std::env::set_var("AWS_ACCESS_KEY_ID", "sleuth-test");
+        std::env::set_var("AWS_SECRET_ACCESS_KEY", "sleuth-test-secret");
+    }
+    let s3 = S3Args { s3_endpoint: Some(sleuth_testkit::s3_endpoint(&s3_server)), ..S3Args::default() };
+    if let sleuth_store::ObjectStore::S3 { client, .. } = sleuth_store::ObjectStore::open("s3://indexes", &s3)? {
+        client.create_bucket().bucket("indexes").send().await?;
+    }
+    let gateway = start(Vec::new(), s3.clone()).await?;
+    let mut tools = client(&gateway).await?;
+
+    let create = |skip_bad_lines| pb::CreateCollectionRequest {
+        name: "weather".into(),
+        source_uri: source.path().display().to_string(),
+        bm25: None,
+        vector: Some(pb::VectorOptions { disabled: true, ..Default::default() }),
+        skip_bad_lines,
+    };
+    let mut failing = tools.create_collection(create(false)).await?.into_inner();
+    let mut failure = None;
+    while let Some(message) = failing.message().await.transpose() {
+        if let Err(status) = message {
+            failure = Some(status);
+        }
+    }
+    let failure = failure.context("a malformed line fails the ingest")?;
+    assert_eq!(failure.code(), Code::InvalidArgument);
+    assert!(failure.message().contains("corpus.jsonl:2"), "{}", failure.message());
+
+    let mut progress = tools.create_collection(create(true)).await?.into_inner();
+    let mut last = None;
+    while let Some(message) = progress.message().await? {
+        last = Some(message);
+    }
+    let last = last.context("progress stream ends with a final message")?;
+    assert!(last.done);
+    assert_eq!((last.done_items, last.skipped_lines), (2, 1));
+
+    let published = tools
+        .publish_collection(pb::PublishCollectionRequest {
+            name: "weather".into(),
+            destination_uri: "s3://indexes/weather/v1".into(),
+        })
+        .await?
+        .into_inner();
+    assert!(published.bytes > 0);
+    tools.delete_collection(pb::DeleteCollectionRequest { name: "weather".into() }).await?;
+    let gone = tools.list_tools(pb::ListToolsRequest { collection: "weather".into() }).await.unwrap_err();
+    assert_eq!(gone.code(), Code::NotFound);
+
+    // A second gateway loads the published index at startup, straight from S3.
+    let replica = start(vec![("weather".into(), "s3://indexes/weather/v1".into())], s3).await?;
+    let hits = client(&replica)
+        .await?
+        .search(pb::SearchRequest { collection: "weather".into(), query: "rain".into(), k: 5, method: 1 })
+        .await?
+        .into_inner()
+        .hits;
+    assert_eq!(hits.iter().map(|h| h.doc_id.as_str()).collect::<Vec<_>>(), ["d1"]);
+    Ok(())
+}
