@@ -15,6 +15,7 @@ use crate::index::{self, Manifest, StoredDocument};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Method {
     Bm25,
+    Vector,
 }
 
 /// One hit: a document ordinal and its retriever score.
@@ -35,6 +36,7 @@ pub struct Collection {
     by_id: std::collections::HashMap<String, u32>,
     reader: IndexReader,
     bm25: Bm25Scorer,
+    vectors: Option<Vec<f32>>,
 }
 
 impl Collection {
@@ -50,6 +52,7 @@ impl Collection {
             by_id,
             reader: opened.reader,
             bm25: opened.scorer,
+            vectors: opened.vectors,
         })
     }
 
@@ -72,7 +75,35 @@ impl Collection {
     }
 
     pub fn methods(&self) -> &'static [Method] {
-        &[Method::Bm25]
+        if self.vectors.is_some() { &[Method::Bm25, Method::Vector] } else { &[Method::Bm25] }
+    }
+
+    /// The `k` documents whose embeddings are closest (cosine) to the unit
+    /// vector `query`, by exact search. Blocking (CPU work).
+    pub fn vector_search(&self, query: &[f32], k: usize) -> Result<Vec<Hit>, Error> {
+        let (Some(vectors), Some(info)) = (&self.vectors, &self.manifest.vectors) else {
+            return Err(Error::InvalidArgument(format!("collection {:?} has no vector index", self.name())));
+        };
+        if query.len() != info.dim as usize {
+            return Err(Error::InvalidArgument(format!(
+                "query embedding has {} dimensions, collection {:?} has {}",
+                query.len(),
+                self.name(),
+                info.dim
+            )));
+        }
+        let mut scored: Vec<Hit> = vectors
+            .chunks_exact(query.len())
+            .enumerate()
+            .map(|(ordinal, row)| Hit { ordinal: ordinal as u32, score: crate::embed::dot(row, query) })
+            .collect();
+        let better = |a: &Hit, b: &Hit| b.score.total_cmp(&a.score).then(a.ordinal.cmp(&b.ordinal));
+        if scored.len() > k && k > 0 {
+            scored.select_nth_unstable_by(k - 1, better);
+        }
+        scored.truncate(k);
+        scored.sort_unstable_by(better);
+        Ok(scored)
     }
 
     /// The `k` best documents for `query` by BM25. Blocking (CPU work).

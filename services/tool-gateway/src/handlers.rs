@@ -1,7 +1,6 @@
 //! gRPC handlers: thin translations between the proto and the gateway's logic.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use sleuth_beir::{BadLines, BeirDir};
 use sleuth_proto::tools::v1 as pb;
@@ -14,6 +13,7 @@ use tonic::{Request, Response, Status};
 
 use crate::bm25::{Bm25Options, Stemming};
 use crate::collection::{Collection, Collections, Hit, Method, validate_name};
+use crate::embed::batcher::Embedder;
 use crate::error::Error;
 use crate::index::{self, BuildProgress};
 use crate::storage;
@@ -29,6 +29,8 @@ pub struct Handlers {
     /// Where CreateCollection builds indexes and remote indexes are cached.
     pub index_root: PathBuf,
     pub s3: S3Args,
+    /// Query embeddings for vector search; None when no embedding model is configured.
+    pub embedder: Option<Embedder>,
 }
 
 /// Runs blocking work (searches, index builds, file copies) off the async runtime.
@@ -62,10 +64,11 @@ fn collection_to_proto(collection: &Collection) -> pb::Collection {
             .iter()
             .map(|method| match method {
                 Method::Bm25 => pb::SearchMethod::Bm25 as i32,
+                Method::Vector => pb::SearchMethod::Vector as i32,
             })
             .collect(),
-        embedding_model: String::new(),
-        embedding_dim: 0,
+        embedding_model: collection.manifest.vectors.as_ref().map(|v| v.model.clone()).unwrap_or_default(),
+        embedding_dim: collection.manifest.vectors.as_ref().map_or(0, |v| v.dim),
         index_uri: collection.index_uri.clone(),
     }
 }
@@ -87,8 +90,12 @@ impl ToolGateway for Handlers {
         let collection = self.collections.get(&request.collection)?;
         let call = tools::parse_call(&request.name, &request.arguments_json)?;
         let cap = request.observation_char_cap as usize;
+        let vector = match &call {
+            ToolCall::VectorSearch { query, .. } => Some(self.query_vector(&collection, query).await?),
+            _ => None,
+        };
         let searched = collection.clone();
-        let observation = blocking(move || tools::execute(&searched, &call, cap)).await?;
+        let observation = blocking(move || tools::execute(&searched, &call, vector.as_deref(), cap)).await?;
         Ok(Response::new(pb::CallToolResponse {
             observation: observation.text,
             truncated: observation.truncated,
@@ -114,26 +121,25 @@ impl ToolGateway for Handlers {
         }
         let query = tools::shorten(query, MAX_QUERY_CHARS).to_owned();
         let method = pb::SearchMethod::try_from(request.method).unwrap_or(pb::SearchMethod::Unspecified);
-        let call = match method {
+        let k = request.k as usize;
+        let started = std::time::Instant::now();
+        let searched = collection.clone();
+        let hits = match method {
             pb::SearchMethod::Bm25 | pb::SearchMethod::Unspecified => {
-                ToolCall::Bm25Search { query, k: request.k as usize }
+                blocking(move || searched.bm25(&query, k)).await?
             }
-            other => {
+            pb::SearchMethod::Vector => {
+                let vector = self.query_vector(&collection, &query).await?;
+                blocking(move || searched.vector_search(&vector, k)).await?
+            }
+            pb::SearchMethod::Hybrid => {
                 return Err(Error::InvalidArgument(format!(
-                    "method {} is not available on collection {:?} (available: SEARCH_METHOD_BM25)",
-                    other.as_str_name(),
+                    "method SEARCH_METHOD_HYBRID is not available on collection {:?}",
                     request.collection
                 ))
                 .into());
             }
         };
-        let searched = collection.clone();
-        let started = std::time::Instant::now();
-        let hits = blocking(move || match call {
-            ToolCall::Bm25Search { query, k } => searched.bm25(&query, k),
-            ToolCall::ReadDocument { .. } => unreachable!("search builds only searches"),
-        })
-        .await?;
         let took_micros = started.elapsed().as_micros() as u64;
         Ok(Response::new(pb::SearchResponse { hits: hits_to_proto(&collection, &hits), took_micros }))
     }
@@ -161,12 +167,25 @@ impl ToolGateway for Handlers {
         let request = request.into_inner();
         validate_name(&request.name)?;
         let bm25 = bm25_options(request.bm25.as_ref())?;
-        if request.vector.as_ref().is_some_and(|v| !v.disabled) {
-            return Err(Error::InvalidArgument(
-                "vector indexing is not available in this gateway yet; set vector.disabled".to_owned(),
-            )
+        let vector = request.vector.clone().unwrap_or_default();
+        if !vector.model_dir.is_empty() {
+            return Err(Error::InvalidArgument(format!(
+                "vector.model_dir {:?}: collections are embedded with the gateway's model; leave it empty",
+                vector.model_dir
+            ))
             .into());
         }
+        let encoder = match (&self.embedder, vector.disabled) {
+            (_, true) => None,
+            (Some(embedder), false) => Some(embedder.encoder.clone()),
+            (None, false) => {
+                return Err(Error::InvalidArgument(
+                    "vector indexing needs an embedding model (--embedding-model); set vector.disabled for BM25 only"
+                        .to_owned(),
+                )
+                .into());
+            }
+        };
         let bad_lines = if request.skip_bad_lines { BadLines::Skip } else { BadLines::Fail };
         let out = self.index_root.join(&request.name);
         let source = storage::fetch_beir(&request.source_uri, &self.index_root, &self.s3).await?;
@@ -186,8 +205,16 @@ impl ToolGateway for Handlers {
                 }));
             };
             let mut report = report;
-            let result = index::build(&BeirDir::new(source.path()), &out, &name, &bm25, bad_lines, &mut report)
-                .and_then(|manifest| Ok((manifest, Collection::open(&out, index_uri)?)));
+            let result = index::build(
+                &BeirDir::new(source.path()),
+                &out,
+                &name,
+                &bm25,
+                bad_lines,
+                encoder.as_deref(),
+                &mut report,
+            )
+            .and_then(|manifest| Ok((manifest, Collection::open(&out, index_uri)?)));
             let last = match result {
                 Ok((manifest, collection)) => {
                     tracing::info!(collection = %name, documents = manifest.documents, skipped = manifest.skipped_lines, "collection indexed");
@@ -270,7 +297,29 @@ pub fn bm25_options(options: Option<&pb::Bm25Options>) -> Result<Bm25Options, Er
 }
 
 impl Handlers {
-    pub fn new(collections: Collections, index_root: PathBuf, s3: S3Args) -> Arc<Self> {
-        Arc::new(Self { collections, index_root, s3 })
+    /// The embedding of a query for vector search on `collection`, through the batcher.
+    async fn query_vector(&self, collection: &Collection, query: &str) -> Result<Vec<f32>, Error> {
+        let Some(info) = &collection.manifest.vectors else {
+            return Err(Error::InvalidArgument(format!(
+                "collection {:?} has no vector index (available: bm25_search)",
+                collection.name()
+            )));
+        };
+        let Some(embedder) = &self.embedder else {
+            return Err(Error::InvalidArgument(
+                "this gateway has no embedding model configured (--embedding-model)".to_owned(),
+            ));
+        };
+        if embedder.encoder.name != info.model || embedder.encoder.dim != info.dim as usize {
+            return Err(Error::InvalidArgument(format!(
+                "collection {:?} was embedded with {} ({} dims) but this gateway runs {} ({} dims)",
+                collection.name(),
+                info.model,
+                info.dim,
+                embedder.encoder.name,
+                embedder.encoder.dim
+            )));
+        }
+        embedder.embed(query.to_owned()).await
     }
 }

@@ -21,12 +21,16 @@ use tantivy::schema::{FAST, INDEXED, IndexRecordOption, STORED, Schema, TextFiel
 use tantivy::{Index, IndexReader, ReloadPolicy, TantivyDocument};
 
 use crate::bm25::{self, ANALYZER, Bm25Options, Bm25Scorer};
+use crate::embed::Encoder;
 use crate::error::Error;
 
 const FORMAT: u32 = 1;
 const MANIFEST: &str = "manifest.json";
 const DOCUMENTS: &str = "documents.jsonl";
 const TANTIVY: &str = "tantivy";
+const VECTORS: &str = "vectors.f32";
+/// Documents per embedding forward pass at index time.
+const EMBED_BATCH: usize = 32;
 
 /// What an index holds and how it was built.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -38,6 +42,18 @@ pub struct Manifest {
     pub skipped_lines: u64,
     pub source: String,
     pub bm25: Bm25Options,
+    /// Present when the index holds document embeddings for vector search.
+    #[serde(default)]
+    pub vectors: Option<VectorManifest>,
+}
+
+/// Which model embedded the documents; queries must use the same one.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VectorManifest {
+    pub model: String,
+    pub dim: u32,
+    pub max_tokens: u32,
 }
 
 /// One stored document.
@@ -69,6 +85,7 @@ pub fn build(
     name: &str,
     bm25: &Bm25Options,
     bad_lines: BadLines,
+    encoder: Option<&Encoder>,
     progress: &mut dyn FnMut(BuildProgress),
 ) -> Result<Manifest, Error> {
     bm25.validate()?;
@@ -95,6 +112,8 @@ pub fn build(
     let mut seen = HashSet::new();
     let mut duplicates: u64 = 0;
     let mut count: u64 = 0;
+    // Texts to embed (title and text, as BEIR evaluates dense retrievers), only when embedding.
+    let mut passages: Vec<String> = Vec::new();
     while let Some(record) = records.next() {
         let document = record?;
         if !seen.insert(document.id.clone()) {
@@ -107,6 +126,9 @@ pub fn build(
         }
         let body = format!("{}\n{}", document.title, document.text);
         let length = bm25::tokens(&mut analyzer, &body).len() as u32;
+        if encoder.is_some() {
+            passages.push(format!("{} {}", document.title, document.text).trim().to_owned());
+        }
         let mut doc = TantivyDocument::new();
         doc.add_u64(ordinal, count);
         doc.add_text(content, &body);
@@ -131,6 +153,27 @@ pub fn build(
     }
     writer.wait_merging_threads()?;
 
+    let vectors = match encoder {
+        None => None,
+        Some(encoder) => {
+            let total = passages.len() as u64;
+            let mut report = |done: usize| {
+                if done.is_multiple_of(EMBED_BATCH * 8) || done as u64 == total {
+                    progress(BuildProgress { phase: "embedding", done: done as u64, total, skipped_lines });
+                }
+            };
+            let embeddings = encoder.encode_all(&passages, EMBED_BATCH, &mut report)?;
+            let bytes: Vec<u8> = embeddings.iter().flatten().flat_map(|x| x.to_le_bytes()).collect();
+            let path = partial.join(VECTORS);
+            std::fs::write(&path, bytes).map_err(|e| Error::io(&path, e))?;
+            Some(VectorManifest {
+                model: encoder.name.clone(),
+                dim: encoder.dim as u32,
+                max_tokens: encoder.max_tokens as u32,
+            })
+        }
+    };
+
     let manifest = Manifest {
         format: FORMAT,
         name: name.to_owned(),
@@ -138,6 +181,7 @@ pub fn build(
         skipped_lines,
         source: source.root().display().to_string(),
         bm25: bm25.clone(),
+        vectors,
     };
     let manifest_path = partial.join(MANIFEST);
     std::fs::write(&manifest_path, serde_json::to_vec_pretty(&manifest).map_err(|e| Error::Internal(e.to_string()))?)
@@ -169,6 +213,8 @@ pub struct OpenIndex {
     pub documents: Vec<StoredDocument>,
     pub reader: IndexReader,
     pub scorer: Bm25Scorer,
+    /// Document embeddings, row-major by ordinal, when the index has them.
+    pub vectors: Option<Vec<f32>>,
 }
 
 /// Opens the complete index in `dir`.
@@ -233,5 +279,21 @@ pub fn open(dir: &Path) -> Result<OpenIndex, Error> {
         (lengths.iter().map(|&l| u64::from(l)).sum::<u64>() as f32 / lengths.len() as f32).max(1.0)
     };
     let scorer = Bm25Scorer { options: manifest.bm25.clone(), content, lengths, average_length, ordinals };
-    Ok(OpenIndex { manifest, documents, reader, scorer })
+    let vectors = match &manifest.vectors {
+        None => None,
+        Some(info) => {
+            let path = dir.join(VECTORS);
+            let bytes = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
+            let expected = manifest.documents as usize * info.dim as usize * 4;
+            if bytes.len() != expected {
+                return Err(Error::Internal(format!(
+                    "{} has {} bytes, expected {expected}",
+                    path.display(),
+                    bytes.len()
+                )));
+            }
+            Some(bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
+        }
+    };
+    Ok(OpenIndex { manifest, documents, reader, scorer, vectors })
 }

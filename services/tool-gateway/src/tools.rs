@@ -13,6 +13,7 @@ use crate::error::Error;
 use crate::index::StoredDocument;
 
 pub const BM25_SEARCH: &str = "bm25_search";
+pub const VECTOR_SEARCH: &str = "vector_search";
 pub const READ_DOCUMENT: &str = "read_document";
 
 /// Hits a tool call may ask for.
@@ -23,37 +24,49 @@ pub const MAX_QUERY_CHARS: usize = 1000;
 /// Characters of a document's text shown per search hit.
 const SNIPPET_CHARS: usize = 300;
 
-/// The tools a collection offers.
-pub fn specs(_collection: &Collection) -> Vec<ToolSpec> {
-    vec![
-        ToolSpec {
-            name: BM25_SEARCH.to_owned(),
-            description: "Keyword search (BM25) over the document collection. Best for exact terms, names, \
+fn search_parameters() -> String {
+    json!({
+        "type": "object",
+        "properties": {
+            "query": {"type": "string", "description": "What to search for."},
+            "k": {"type": "integer", "minimum": 1, "maximum": MAX_TOOL_K, "description": "Number of results (default 10)."}
+        },
+        "required": ["query"],
+        "additionalProperties": false
+    })
+    .to_string()
+}
+
+/// The tools a collection offers (vector search only where it has embeddings).
+pub fn specs(collection: &Collection) -> Vec<ToolSpec> {
+    let mut specs = vec![ToolSpec {
+        name: BM25_SEARCH.to_owned(),
+        description: "Keyword search (BM25) over the document collection. Best for exact terms, names, \
                           identifiers and rare words. Returns document ids, titles and snippets."
+            .to_owned(),
+        parameters_json: search_parameters(),
+    }];
+    if collection.methods().contains(&crate::collection::Method::Vector) {
+        specs.push(ToolSpec {
+            name: VECTOR_SEARCH.to_owned(),
+            description: "Semantic search (sentence embeddings) over the document collection. Best for concepts, \
+                          paraphrases and questions in natural language. Returns document ids, titles and snippets."
                 .to_owned(),
-            parameters_json: json!({
-                "type": "object",
-                "properties": {
-                    "query": {"type": "string", "description": "Search keywords."},
-                    "k": {"type": "integer", "minimum": 1, "maximum": MAX_TOOL_K, "description": "Number of results (default 10)."}
-                },
-                "required": ["query"],
-                "additionalProperties": false
-            })
-            .to_string(),
-        },
-        ToolSpec {
-            name: READ_DOCUMENT.to_owned(),
-            description: "Read the full text of one document by its id.".to_owned(),
-            parameters_json: json!({
-                "type": "object",
-                "properties": {"doc_id": {"type": "string", "description": "Document id from a search result."}},
-                "required": ["doc_id"],
-                "additionalProperties": false
-            })
-            .to_string(),
-        },
-    ]
+            parameters_json: search_parameters(),
+        });
+    }
+    specs.push(ToolSpec {
+        name: READ_DOCUMENT.to_owned(),
+        description: "Read the full text of one document by its id.".to_owned(),
+        parameters_json: json!({
+            "type": "object",
+            "properties": {"doc_id": {"type": "string", "description": "Document id from a search result."}},
+            "required": ["doc_id"],
+            "additionalProperties": false
+        })
+        .to_string(),
+    });
+    specs
 }
 
 /// The specs as an OpenAI `tools` array.
@@ -72,13 +85,14 @@ pub fn openai_tools_json(specs: &[ToolSpec]) -> String {
 #[derive(Debug, Clone, PartialEq)]
 pub enum ToolCall {
     Bm25Search { query: String, k: usize },
+    VectorSearch { query: String, k: usize },
     ReadDocument { doc_id: String },
 }
 
 /// Parses the arguments a model generated for tool `name`.
 pub fn parse_call(name: &str, arguments_json: &str) -> Result<ToolCall, Error> {
     match name {
-        BM25_SEARCH => {
+        BM25_SEARCH | VECTOR_SEARCH => {
             let mut args = arguments(name, arguments_json, &["query", "k"])?;
             let query = query_argument(name, &mut args)?;
             let k = match args.remove("k") {
@@ -91,7 +105,12 @@ pub fn parse_call(name: &str, arguments_json: &str) -> Result<ToolCall, Error> {
                     return Err(invalid(format!("{name}: k must be an integer from 1 to {MAX_TOOL_K}, got {other}")));
                 }
             };
-            Ok(ToolCall::Bm25Search { query, k: k as usize })
+            let k = k as usize;
+            Ok(if name == BM25_SEARCH {
+                ToolCall::Bm25Search { query, k }
+            } else {
+                ToolCall::VectorSearch { query, k }
+            })
         }
         READ_DOCUMENT => {
             let mut args = arguments(name, arguments_json, &["doc_id"])?;
@@ -169,11 +188,23 @@ pub struct Observation {
 
 /// Runs `call` against `collection` (blocking: searches are CPU work) and
 /// renders the observation, capped at `char_cap` characters (0 = no cap).
-pub fn execute(collection: &Collection, call: &ToolCall, char_cap: usize) -> Result<Observation, Error> {
+/// A vector search needs the query's embedding, computed by the caller.
+pub fn execute(
+    collection: &Collection,
+    call: &ToolCall,
+    query_vector: Option<&[f32]>,
+    char_cap: usize,
+) -> Result<Observation, Error> {
     let (text, hits, document) = match call {
         ToolCall::Bm25Search { query, k } => {
             let hits = collection.bm25(query, *k)?;
             (render_hits(collection, BM25_SEARCH, query, &hits), hits, None)
+        }
+        ToolCall::VectorSearch { query, k } => {
+            let vector =
+                query_vector.ok_or_else(|| Error::Internal("vector search without a query embedding".to_owned()))?;
+            let hits = collection.vector_search(vector, *k)?;
+            (render_hits(collection, VECTOR_SEARCH, query, &hits), hits, None)
         }
         ToolCall::ReadDocument { doc_id } => {
             let Some(document) = collection.document_by_id(doc_id) else {
@@ -289,6 +320,7 @@ mod tests {
         fn parsing_never_panics_on_arbitrary_text(name in "\\PC{0,20}", args in "\\PC{0,200}") {
             let _ = parse_call(&name, &args);
             let _ = parse_call(BM25_SEARCH, &args);
+            let _ = parse_call(VECTOR_SEARCH, &args);
             let _ = parse_call(READ_DOCUMENT, &args);
         }
 

@@ -34,6 +34,10 @@ async fn start(collections: Vec<(String, String)>, s3: S3Args) -> Result<Gateway
         listen: "127.0.0.1:0".parse()?,
         index_root: root.path().join("indexes"),
         collections,
+        embedding_model: None,
+        device: "cpu".parse()?,
+        embed_max_batch: 32,
+        embed_max_wait: Duration::from_millis(2),
         s3,
         serve: ServeArgs::default(),
         telemetry: TelemetryArgs::default(),
@@ -71,6 +75,7 @@ fn scifact_index(dir: &std::path::Path) -> Result<Option<String>> {
         "scifact",
         &tool_gateway::bm25::Bm25Options::default(),
         sleuth_beir::BadLines::Fail,
+        None,
         &mut |_| {},
     )?;
     Ok(Some(out.display().to_string()))
