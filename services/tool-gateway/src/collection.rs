@@ -10,6 +10,7 @@ use tantivy::IndexReader;
 use crate::bm25::{self, Bm25Scorer};
 use crate::error::Error;
 use crate::index::{self, Manifest, StoredDocument};
+use crate::vectors::VectorIndex;
 
 /// Retrieval methods a collection may support.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,7 +37,7 @@ pub struct Collection {
     by_id: std::collections::HashMap<String, u32>,
     reader: IndexReader,
     bm25: Bm25Scorer,
-    vectors: Option<Vec<f32>>,
+    vectors: Option<VectorIndex>,
 }
 
 impl Collection {
@@ -45,14 +46,17 @@ impl Collection {
         let opened = index::open(dir)?;
         let by_id = opened.documents.iter().enumerate().map(|(ordinal, d)| (d.id.clone(), ordinal as u32)).collect();
         Ok(Self {
-            manifest: opened.manifest,
+            manifest: opened.manifest.clone(),
             index_uri,
             local_dir: dir.to_owned(),
             documents: opened.documents,
             by_id,
             reader: opened.reader,
             bm25: opened.scorer,
-            vectors: opened.vectors,
+            vectors: opened.vectors.map(|data| {
+                let info = opened.manifest.vectors.as_ref().expect("vectors come with their manifest");
+                VectorIndex::new(info.dim as usize, data, info.search)
+            }),
         })
     }
 
@@ -79,31 +83,20 @@ impl Collection {
     }
 
     /// The `k` documents whose embeddings are closest (cosine) to the unit
-    /// vector `query`, by exact search. Blocking (CPU work).
+    /// vector `query`. Blocking (CPU work).
     pub fn vector_search(&self, query: &[f32], k: usize) -> Result<Vec<Hit>, Error> {
-        let (Some(vectors), Some(info)) = (&self.vectors, &self.manifest.vectors) else {
+        let Some(vectors) = &self.vectors else {
             return Err(Error::InvalidArgument(format!("collection {:?} has no vector index", self.name())));
         };
-        if query.len() != info.dim as usize {
+        if query.len() != vectors.dim() {
             return Err(Error::InvalidArgument(format!(
                 "query embedding has {} dimensions, collection {:?} has {}",
                 query.len(),
                 self.name(),
-                info.dim
+                vectors.dim()
             )));
         }
-        let mut scored: Vec<Hit> = vectors
-            .chunks_exact(query.len())
-            .enumerate()
-            .map(|(ordinal, row)| Hit { ordinal: ordinal as u32, score: crate::embed::dot(row, query) })
-            .collect();
-        let better = |a: &Hit, b: &Hit| b.score.total_cmp(&a.score).then(a.ordinal.cmp(&b.ordinal));
-        if scored.len() > k && k > 0 {
-            scored.select_nth_unstable_by(k - 1, better);
-        }
-        scored.truncate(k);
-        scored.sort_unstable_by(better);
-        Ok(scored)
+        Ok(vectors.search(query, k))
     }
 
     /// The `k` best documents for `query` by BM25. Blocking (CPU work).

@@ -18,6 +18,7 @@ use crate::error::Error;
 use crate::index::{self, BuildProgress};
 use crate::storage;
 use crate::tools::{self, MAX_QUERY_CHARS, ToolCall};
+use crate::vectors::VectorSearch;
 
 /// Largest `k` of the typed Search RPC.
 pub const MAX_SEARCH_K: u32 = 1000;
@@ -177,7 +178,9 @@ impl ToolGateway for Handlers {
         }
         let encoder = match (&self.embedder, vector.disabled) {
             (_, true) => None,
-            (Some(embedder), false) => Some(embedder.encoder.clone()),
+            (Some(embedder), false) => {
+                Some((embedder.encoder.clone(), if vector.exact { VectorSearch::Exact } else { VectorSearch::Hnsw }))
+            }
             (None, false) => {
                 return Err(Error::InvalidArgument(
                     "vector indexing needs an embedding model (--embedding-model); set vector.disabled for BM25 only"
@@ -211,7 +214,7 @@ impl ToolGateway for Handlers {
                 &name,
                 &bm25,
                 bad_lines,
-                encoder.as_deref(),
+                encoder.as_ref().map(|(encoder, search)| (encoder.as_ref(), *search)),
                 &mut report,
             )
             .and_then(|manifest| Ok((manifest, Collection::open(&out, index_uri)?)));

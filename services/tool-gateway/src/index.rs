@@ -23,6 +23,7 @@ use tantivy::{Index, IndexReader, ReloadPolicy, TantivyDocument};
 use crate::bm25::{self, ANALYZER, Bm25Options, Bm25Scorer};
 use crate::embed::Encoder;
 use crate::error::Error;
+use crate::vectors::VectorSearch;
 
 const FORMAT: u32 = 1;
 const MANIFEST: &str = "manifest.json";
@@ -54,6 +55,8 @@ pub struct VectorManifest {
     pub model: String,
     pub dim: u32,
     pub max_tokens: u32,
+    /// Exact scan or HNSW graph.
+    pub search: VectorSearch,
 }
 
 /// One stored document.
@@ -85,7 +88,7 @@ pub fn build(
     name: &str,
     bm25: &Bm25Options,
     bad_lines: BadLines,
-    encoder: Option<&Encoder>,
+    encoder: Option<(&Encoder, VectorSearch)>,
     progress: &mut dyn FnMut(BuildProgress),
 ) -> Result<Manifest, Error> {
     bm25.validate()?;
@@ -155,7 +158,7 @@ pub fn build(
 
     let vectors = match encoder {
         None => None,
-        Some(encoder) => {
+        Some((encoder, vector_search)) => {
             let total = passages.len() as u64;
             let mut report = |done: usize| {
                 if done.is_multiple_of(EMBED_BATCH * 8) || done as u64 == total {
@@ -170,6 +173,7 @@ pub fn build(
                 model: encoder.name.clone(),
                 dim: encoder.dim as u32,
                 max_tokens: encoder.max_tokens as u32,
+                search: vector_search,
             })
         }
     };

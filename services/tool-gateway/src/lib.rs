@@ -18,6 +18,7 @@ pub mod index;
 pub mod offline;
 pub mod storage;
 pub mod tools;
+pub mod vectors;
 
 use std::future::Future;
 use std::net::SocketAddr;

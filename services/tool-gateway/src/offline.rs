@@ -14,6 +14,7 @@ use crate::collection::{Collection, validate_name};
 use crate::embed::Encoder;
 use crate::error::Error;
 use crate::index::{self, BuildProgress};
+use crate::vectors::VectorSearch;
 
 #[derive(clap::Args, Debug)]
 pub struct IndexArgs {
@@ -44,6 +45,9 @@ pub struct IndexArgs {
     /// Also embed every document for vector search (minutes per thousand long documents on a CPU).
     #[arg(long)]
     pub vectors: bool,
+    /// How vectors are searched: exact scan, or an HNSW graph for large collections.
+    #[arg(long, value_enum, default_value = "hnsw")]
+    pub vector_search: VectorSearch,
     /// Embedding model directory; default: all-MiniLM-L6-v2 from the project venv.
     #[arg(long, env = "SLEUTH_EMBEDDING_MODEL")]
     pub embedding_model: Option<PathBuf>,
@@ -75,7 +79,8 @@ pub fn index(args: IndexArgs) -> Result<(), Error> {
     };
     let source = BeirDir::new(&args.source);
     let encoder = if args.vectors { Some(encoder(args.embedding_model)?) } else { None };
-    let manifest = index::build(&source, &args.out, &name, &bm25, bad_lines, encoder.as_ref(), &mut report)?;
+    let encoder = encoder.as_ref().map(|encoder| (encoder, args.vector_search));
+    let manifest = index::build(&source, &args.out, &name, &bm25, bad_lines, encoder, &mut report)?;
     println!(
         "indexed {} documents of {:?} into {} in {:.1}s ({} malformed lines skipped)",
         manifest.documents,
