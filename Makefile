@@ -23,7 +23,7 @@ export PATH := $(VENV)/bin:$(SLEUTH_CACHE)/bin:$(PATH)
 TORCH_LIB = $(shell ls -d $(VENV)/lib/python3*/site-packages/torch/lib 2>/dev/null | head -n 1)
 export RUSTFLAGS = -C link-arg=-Wl,-rpath,$(TORCH_LIB)
 
-.PHONY: setup build test lint demo proto env clean-cache
+.PHONY: setup build test lint demo bench proto env clean-cache
 
 setup:
 	@deploy/local/setup.sh
@@ -41,6 +41,10 @@ lint: setup
 
 demo: build
 	@deploy/local/demo.sh
+
+# Benchmarks against the named peers, in release mode; they print ratios.
+bench: setup
+	cargo bench -p tool-gateway --bench retrieval
 
 # Code generation runs in crates/sleuth-proto/build.rs; this only forces it.
 proto: setup

@@ -256,6 +256,12 @@ pub fn free_port() -> Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
+/// `~/.cache/sleuth` (the parent of the venv): where tests keep what is
+/// expensive to rebuild, such as embedded test collections.
+pub fn cache_dir() -> Result<PathBuf> {
+    venv().parent().map(Path::to_path_buf).context("venv has no parent directory")
+}
+
 fn venv() -> PathBuf {
     std::env::var_os("SLEUTH_VENV").map(PathBuf::from).unwrap_or_else(|| {
         PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into())).join(".cache/sleuth/venv")
@@ -287,7 +293,7 @@ pub fn beir_collection(name: &str) -> Result<Option<PathBuf>> {
         eprintln!("SKIP: {} not found (set SLEUTH_SHARED_DATA to the shared data directory)", archive.display());
         return Ok(None);
     }
-    let cache = venv().parent().map(|c| c.join("data")).context("venv has no parent directory")?;
+    let cache = cache_dir()?.join("data");
     let dir = cache.join(name);
     if dir.join("corpus.jsonl").is_file() {
         return Ok(Some(dir));

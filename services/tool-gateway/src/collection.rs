@@ -106,6 +106,24 @@ impl Collection {
         Ok(self.bm25.top_k(&searcher, &tokens, k)?.into_iter().map(|(ordinal, score)| Hit { ordinal, score }).collect())
     }
 
+    /// Reciprocal rank fusion of BM25 and vector search: each document scores
+    /// the sum of `1 / (60 + rank)` over the two rankings (top 100 of each).
+    /// Blocking (CPU work).
+    pub fn hybrid(&self, query: &str, vector: &[f32], k: usize) -> Result<Vec<Hit>, Error> {
+        const DEPTH: usize = 100;
+        const RRF_K: f32 = 60.0;
+        let mut fused: std::collections::HashMap<u32, f32> = std::collections::HashMap::new();
+        for ranking in [self.bm25(query, DEPTH)?, self.vector_search(vector, DEPTH)?] {
+            for (rank, hit) in ranking.iter().enumerate() {
+                *fused.entry(hit.ordinal).or_default() += 1.0 / (RRF_K + rank as f32 + 1.0);
+            }
+        }
+        let mut hits: Vec<Hit> = fused.into_iter().map(|(ordinal, score)| Hit { ordinal, score }).collect();
+        hits.sort_unstable_by(|a, b| b.score.total_cmp(&a.score).then(a.ordinal.cmp(&b.ordinal)));
+        hits.truncate(k);
+        Ok(hits)
+    }
+
     pub fn document(&self, ordinal: u32) -> &StoredDocument {
         &self.documents[ordinal as usize]
     }

@@ -32,6 +32,8 @@ pub struct Handlers {
     pub s3: S3Args,
     /// Query embeddings for vector search; None when no embedding model is configured.
     pub embedder: Option<Embedder>,
+    /// Offer the `hybrid_search` tool on collections with embeddings.
+    pub hybrid_tool: bool,
 }
 
 /// Runs blocking work (searches, index builds, file copies) off the async runtime.
@@ -81,7 +83,7 @@ impl ToolGateway for Handlers {
         request: Request<pb::ListToolsRequest>,
     ) -> Result<Response<pb::ListToolsResponse>, Status> {
         let collection = self.collections.get(&request.into_inner().collection)?;
-        let specs = tools::specs(&collection);
+        let specs = tools::specs(&collection, self.hybrid_tool);
         let openai_tools_json = tools::openai_tools_json(&specs);
         Ok(Response::new(pb::ListToolsResponse { tools: specs, openai_tools_json }))
     }
@@ -92,8 +94,16 @@ impl ToolGateway for Handlers {
         let call = tools::parse_call(&request.name, &request.arguments_json)?;
         let cap = request.observation_char_cap as usize;
         let vector = match &call {
-            ToolCall::VectorSearch { query, .. } => Some(self.query_vector(&collection, query).await?),
-            _ => None,
+            ToolCall::HybridSearch { .. } if !self.hybrid_tool => {
+                return Err(Error::InvalidArgument(
+                    "unknown tool \"hybrid_search\" (not enabled on this gateway; see ListTools)".to_owned(),
+                )
+                .into());
+            }
+            ToolCall::VectorSearch { query, .. } | ToolCall::HybridSearch { query, .. } => {
+                Some(self.query_vector(&collection, query).await?)
+            }
+            ToolCall::Bm25Search { .. } | ToolCall::ReadDocument { .. } => None,
         };
         let searched = collection.clone();
         let observation = blocking(move || tools::execute(&searched, &call, vector.as_deref(), cap)).await?;
@@ -134,11 +144,8 @@ impl ToolGateway for Handlers {
                 blocking(move || searched.vector_search(&vector, k)).await?
             }
             pb::SearchMethod::Hybrid => {
-                return Err(Error::InvalidArgument(format!(
-                    "method SEARCH_METHOD_HYBRID is not available on collection {:?}",
-                    request.collection
-                ))
-                .into());
+                let vector = self.query_vector(&collection, &query).await?;
+                blocking(move || searched.hybrid(&query, &vector, k)).await?
             }
         };
         let took_micros = started.elapsed().as_micros() as u64;

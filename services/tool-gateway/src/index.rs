@@ -95,6 +95,10 @@ pub fn build(
     if out.join(MANIFEST).exists() {
         return Err(Error::AlreadyExists(format!("an index already exists at {}", out.display())));
     }
+    // Never overwrite anything else: the finished index is renamed onto `out`.
+    if std::fs::read_dir(out).is_ok_and(|mut entries| entries.next().is_some()) || out.is_file() {
+        return Err(Error::AlreadyExists(format!("{} exists and is not empty; choose a new directory", out.display())));
+    }
     let partial = partial_dir(out);
     if partial.exists() {
         std::fs::remove_dir_all(&partial).map_err(|e| Error::io(&partial, e))?;
@@ -190,16 +194,15 @@ pub fn build(
     let manifest_path = partial.join(MANIFEST);
     std::fs::write(&manifest_path, serde_json::to_vec_pretty(&manifest).map_err(|e| Error::Internal(e.to_string()))?)
         .map_err(|e| Error::io(&manifest_path, e))?;
-    if out.exists() {
-        std::fs::remove_dir_all(out).map_err(|e| Error::io(out, e))?;
-    }
+    // `out` is absent or an empty directory (checked above); rename replaces an empty one.
     std::fs::rename(&partial, out).map_err(|e| Error::io(out, e))?;
     Ok(manifest)
 }
 
+/// Scratch directory beside `out`, unique per process so concurrent builds never share one.
 fn partial_dir(out: &Path) -> PathBuf {
     let mut name = out.file_name().map(|n| n.to_os_string()).unwrap_or_default();
-    name.push(".partial");
+    name.push(format!(".partial-{}", std::process::id()));
     out.with_file_name(name)
 }
 
@@ -300,4 +303,42 @@ pub fn open(dir: &Path) -> Result<OpenIndex, Error> {
         }
     };
     Ok(OpenIndex { manifest, documents, reader, scorer, vectors })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tiny_collection() -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("corpus.jsonl"), "{\"_id\": \"d1\", \"title\": \"t\", \"text\": \"rain\"}\n")
+            .unwrap();
+        dir
+    }
+
+    fn build_into(out: &Path) -> Result<Manifest, Error> {
+        let source = tiny_collection();
+        build(&BeirDir::new(source.path()), out, "tiny", &Bm25Options::default(), BadLines::Fail, None, &mut |_| {})
+    }
+
+    #[test]
+    fn never_overwrites_a_directory_that_is_not_empty() {
+        let parent = tempfile::tempdir().unwrap();
+        std::fs::write(parent.path().join("precious.txt"), "keep me").unwrap();
+        let error = build_into(parent.path()).unwrap_err().to_string();
+        assert!(error.contains("not empty"), "{error}");
+        assert_eq!(std::fs::read_to_string(parent.path().join("precious.txt")).unwrap(), "keep me");
+    }
+
+    #[test]
+    fn builds_into_an_empty_directory_and_refuses_to_build_twice() {
+        let parent = tempfile::tempdir().unwrap();
+        let out = parent.path().join("index");
+        std::fs::create_dir(&out).unwrap();
+        assert_eq!(build_into(&out).unwrap().documents, 1);
+        assert!(matches!(build_into(&out), Err(Error::AlreadyExists(_))));
+        let leftovers: Vec<_> =
+            std::fs::read_dir(parent.path()).unwrap().filter_map(|e| e.ok()).map(|e| e.file_name()).collect();
+        assert_eq!(leftovers.len(), 1, "no partial directory left behind: {leftovers:?}");
+    }
 }

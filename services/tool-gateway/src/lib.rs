@@ -72,6 +72,11 @@ pub struct Config {
     #[arg(long, env = "SLEUTH_EMBED_MAX_WAIT", default_value = "2ms", value_parser = humantime::parse_duration)]
     pub embed_max_wait: std::time::Duration,
 
+    /// Also offer `hybrid_search` (reciprocal rank fusion of BM25 and vector
+    /// search) as a tool on collections with embeddings.
+    #[arg(long, env = "SLEUTH_HYBRID_TOOL")]
+    pub hybrid_tool: bool,
+
     #[command(flatten)]
     pub s3: S3Args,
 
@@ -108,7 +113,13 @@ pub async fn run(
     let embedder = encoder.map(|encoder| {
         embed::batcher::Embedder::spawn(Arc::new(encoder), config.embed_max_batch, config.embed_max_wait)
     });
-    let handlers = Handlers { collections, index_root: config.index_root.clone(), s3: config.s3.clone(), embedder };
+    let handlers = Handlers {
+        collections,
+        index_root: config.index_root.clone(),
+        s3: config.s3.clone(),
+        embedder,
+        hybrid_tool: config.hybrid_tool,
+    };
     let service = GrpcService::new(ToolGatewayServer::new(handlers)).with_probe(readiness);
     sleuth_kit::serve(service, &config.serve, listener, shutdown).await?;
     Ok(())

@@ -14,6 +14,7 @@ use crate::index::StoredDocument;
 
 pub const BM25_SEARCH: &str = "bm25_search";
 pub const VECTOR_SEARCH: &str = "vector_search";
+pub const HYBRID_SEARCH: &str = "hybrid_search";
 pub const READ_DOCUMENT: &str = "read_document";
 
 /// Hits a tool call may ask for.
@@ -37,8 +38,9 @@ fn search_parameters() -> String {
     .to_string()
 }
 
-/// The tools a collection offers (vector search only where it has embeddings).
-pub fn specs(collection: &Collection) -> Vec<ToolSpec> {
+/// The tools a collection offers: vector search only where it has
+/// embeddings, hybrid search only where it has them and `hybrid` is on.
+pub fn specs(collection: &Collection, hybrid: bool) -> Vec<ToolSpec> {
     let mut specs = vec![ToolSpec {
         name: BM25_SEARCH.to_owned(),
         description: "Keyword search (BM25) over the document collection. Best for exact terms, names, \
@@ -54,6 +56,15 @@ pub fn specs(collection: &Collection) -> Vec<ToolSpec> {
                 .to_owned(),
             parameters_json: search_parameters(),
         });
+        if hybrid {
+            specs.push(ToolSpec {
+                name: HYBRID_SEARCH.to_owned(),
+                description: "Keyword and semantic search combined (reciprocal rank fusion). A good default when \
+                              unsure which kind of search fits. Returns document ids, titles and snippets."
+                    .to_owned(),
+                parameters_json: search_parameters(),
+            });
+        }
     }
     specs.push(ToolSpec {
         name: READ_DOCUMENT.to_owned(),
@@ -86,13 +97,14 @@ pub fn openai_tools_json(specs: &[ToolSpec]) -> String {
 pub enum ToolCall {
     Bm25Search { query: String, k: usize },
     VectorSearch { query: String, k: usize },
+    HybridSearch { query: String, k: usize },
     ReadDocument { doc_id: String },
 }
 
 /// Parses the arguments a model generated for tool `name`.
 pub fn parse_call(name: &str, arguments_json: &str) -> Result<ToolCall, Error> {
     match name {
-        BM25_SEARCH | VECTOR_SEARCH => {
+        BM25_SEARCH | VECTOR_SEARCH | HYBRID_SEARCH => {
             let mut args = arguments(name, arguments_json, &["query", "k"])?;
             let query = query_argument(name, &mut args)?;
             let k = match args.remove("k") {
@@ -205,6 +217,12 @@ pub fn execute(
                 query_vector.ok_or_else(|| Error::Internal("vector search without a query embedding".to_owned()))?;
             let hits = collection.vector_search(vector, *k)?;
             (render_hits(collection, VECTOR_SEARCH, query, &hits), hits, None)
+        }
+        ToolCall::HybridSearch { query, k } => {
+            let vector =
+                query_vector.ok_or_else(|| Error::Internal("hybrid search without a query embedding".to_owned()))?;
+            let hits = collection.hybrid(query, vector, *k)?;
+            (render_hits(collection, HYBRID_SEARCH, query, &hits), hits, None)
         }
         ToolCall::ReadDocument { doc_id } => {
             let Some(document) = collection.document_by_id(doc_id) else {

@@ -104,12 +104,12 @@ impl Layer {
         let q = split(self.query.forward(hidden));
         let k = split(self.key.forward(hidden));
         let v = split(self.value.forward(hidden));
-        let scores = q.matmul(&k.transpose(-1, -2)) / (self.head_dim as f64).sqrt() + mask_bias;
-        let context = scores.softmax(-1, Kind::Float).matmul(&v).transpose(1, 2).contiguous().view([
-            batch,
-            length,
-            self.heads * self.head_dim,
-        ]);
+        // libtorch's fused attention (the kernel sentence-transformers uses too); the
+        // additive mask keeps padding out.
+        let context = Tensor::scaled_dot_product_attention(&q, &k, &v, Some(mask_bias), 0.0, false, None, false)
+            .transpose(1, 2)
+            .contiguous()
+            .view([batch, length, self.heads * self.head_dim]);
         let attended = self.attention_norm.forward(&(self.attention_output.forward(&context) + hidden));
         let intermediate = self.intermediate.forward(&attended).gelu("none");
         self.output_norm.forward(&(self.output.forward(&intermediate) + attended))
