@@ -97,8 +97,9 @@ impl Layer {
         }
     }
 
-    /// `mask_bias`: [batch, 1, 1, length], 0 where attended and a large negative where padded.
-    fn forward(&self, hidden: &Tensor, mask_bias: &Tensor) -> Tensor {
+    /// `mask_bias`: [batch, 1, 1, length], 0 where attended and a large negative
+    /// where padded; None when nothing is padded (lets libtorch pick its fastest kernel).
+    fn forward(&self, hidden: &Tensor, mask_bias: Option<&Tensor>) -> Tensor {
         let (batch, length, _) = hidden.size3().expect("hidden is [batch, length, hidden]");
         let split = |t: Tensor| t.view([batch, length, self.heads, self.head_dim]).transpose(1, 2);
         let q = split(self.query.forward(hidden));
@@ -106,7 +107,7 @@ impl Layer {
         let v = split(self.value.forward(hidden));
         // libtorch's fused attention (the kernel sentence-transformers uses too); the
         // additive mask keeps padding out.
-        let context = Tensor::scaled_dot_product_attention(&q, &k, &v, Some(mask_bias), 0.0, false, None, false)
+        let context = Tensor::scaled_dot_product_attention(&q, &k, &v, mask_bias, 0.0, false, None, false)
             .transpose(1, 2)
             .contiguous()
             .view([batch, length, self.heads * self.head_dim]);
@@ -132,10 +133,12 @@ impl BertModel {
 
     /// Token states [batch, length, hidden] for `input_ids` and `attention_mask` ([batch, length], 1 = token).
     pub fn forward(&self, input_ids: &Tensor, attention_mask: &Tensor) -> Tensor {
-        let mask_bias: Tensor = (attention_mask.to_kind(Kind::Float) - 1.0).unsqueeze(1).unsqueeze(1) * 1e9;
+        let padded = attention_mask.min().int64_value(&[]) == 0;
+        let mask_bias: Option<Tensor> =
+            padded.then(|| (attention_mask.to_kind(Kind::Float) - 1.0).unsqueeze(1).unsqueeze(1) * 1e9);
         let mut hidden = self.embeddings.forward(input_ids);
         for layer in &self.layers {
-            hidden = layer.forward(&hidden, &mask_bias);
+            hidden = layer.forward(&hidden, mask_bias.as_ref());
         }
         hidden
     }

@@ -110,9 +110,14 @@ impl Encoder {
         batch: usize,
         progress: &mut dyn FnMut(usize),
     ) -> Result<Vec<Vec<f32>>, Error> {
+        // Batches of equal token length waste nothing on padding.
+        let lengths: Vec<usize> = texts
+            .iter()
+            .map(|text| self.tokenizer.encode_fast(text.as_str(), true).map(|e| e.get_ids().len().min(self.max_tokens)))
+            .collect::<Result<_, _>>()
+            .map_err(|e| Error::Internal(format!("tokenizer: {e}")))?;
         let mut order: Vec<usize> = (0..texts.len()).collect();
-        // Character length is a cheap proxy for token length.
-        order.sort_by_key(|&i| std::cmp::Reverse(texts[i].len()));
+        order.sort_by_key(|&i| std::cmp::Reverse(lengths[i]));
         let mut out = vec![Vec::new(); texts.len()];
         let mut done = 0;
         for chunk in order.chunks(batch.max(1)) {
