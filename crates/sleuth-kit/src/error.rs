@@ -99,6 +99,8 @@ pub enum KitError {
     Serve(#[from] tonic::transport::Error),
     #[error("cannot start telemetry: {0}")]
     Telemetry(String),
+    #[error("request stack failed: {0}")]
+    RequestStack(String),
 }
 
 impl ServiceError for KitError {
@@ -108,7 +110,9 @@ impl ServiceError for KitError {
             KitError::Unauthenticated => ErrorKind::Unauthenticated,
             KitError::Overloaded => ErrorKind::ResourceExhausted { retry_after: Duration::from_millis(100) },
             KitError::Connect { .. } => ErrorKind::Unavailable,
-            KitError::Reflection(_) | KitError::Serve(_) | KitError::Telemetry(_) => ErrorKind::Internal,
+            KitError::Reflection(_) | KitError::Serve(_) | KitError::Telemetry(_) | KitError::RequestStack(_) => {
+                ErrorKind::Internal
+            }
         }
     }
 }

@@ -73,7 +73,9 @@ pub async fn serve(
     let (reporter, health_server) = tonic_health::server::health_reporter();
     reporter.set_service_status(name, ServingStatus::NotServing).await;
     reporter.set_service_status("", ServingStatus::NotServing).await;
-    let readiness = tokio::spawn(watch_readiness(reporter.clone(), name, probes));
+    // Aborted when serving ends for any reason, errors included.
+    let readiness = AbortOnDrop(tokio::spawn(watch_readiness(reporter.clone(), name, probes)));
+    let stop_readiness = readiness.0.abort_handle();
 
     let reflection = || {
         tonic_reflection::server::Builder::configure()
@@ -93,7 +95,7 @@ pub async fn serve(
     let stop_reporter = reporter.clone();
     let on_shutdown = async move {
         shutdown.await;
-        readiness.abort();
+        stop_readiness.abort();
         stop_reporter.set_service_status(name, ServingStatus::NotServing).await;
         stop_reporter.set_service_status("", ServingStatus::NotServing).await;
         tracing::info!(service = name, "draining in-flight requests");
@@ -120,5 +122,14 @@ pub async fn serve(
             tracing::warn!(service = name, drain_timeout = ?args.drain_timeout, "drain deadline passed, dropping remaining requests");
         }
     }
+    drop(readiness);
     Ok(())
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }

@@ -50,6 +50,6 @@ async fn reject(error: BoxError) -> http::Response<axum::body::Body> {
     if error.is::<tower::load_shed::error::Overloaded>() {
         into_status(&KitError::Overloaded).into_http()
     } else {
-        tonic::Status::internal(format!("request stack failed: {error}")).into_http()
+        into_status(&KitError::RequestStack(error.to_string())).into_http()
     }
 }

@@ -38,10 +38,10 @@ pub struct Handlers {
 
 /// Runs blocking work (searches, index builds, file copies) off the async runtime.
 async fn blocking<T: Send + 'static>(work: impl FnOnce() -> Result<T, Error> + Send + 'static) -> Result<T, Status> {
-    tokio::task::spawn_blocking(work)
+    let result = tokio::task::spawn_blocking(work)
         .await
-        .map_err(|join| Status::internal(format!("worker thread failed: {join}")))?
-        .map_err(Status::from)
+        .unwrap_or_else(|join| Err(Error::Internal(format!("worker thread failed: {join}"))));
+    result.map_err(Status::from)
 }
 
 fn hits_to_proto(collection: &Collection, hits: &[Hit]) -> Vec<pb::SearchHit> {
