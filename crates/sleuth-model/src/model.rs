@@ -1,0 +1,318 @@
+//! The decoder: RMSNorm, rotary embeddings, grouped-query attention, SwiGLU,
+//! and the model with its KV cache.
+
+use tch::nn::{self, Module};
+use tch::{Device, Kind, Tensor};
+
+use crate::config::Config;
+
+/// `x / rms(x) * weight`, computed in f32 whatever the model dtype (as HF does).
+#[derive(Debug)]
+struct RmsNorm {
+    weight: Tensor,
+    eps: f64,
+}
+
+impl RmsNorm {
+    fn new(path: nn::Path, size: i64, eps: f64) -> Self {
+        Self { weight: path.ones("weight", &[size]), eps }
+    }
+
+    fn forward(&self, x: &Tensor) -> Tensor {
+        let kind = x.kind();
+        let x = x.to_kind(Kind::Float);
+        let variance = x.pow_tensor_scalar(2).mean_dim(-1, true, Kind::Float);
+        let normed = x * (variance + self.eps).rsqrt();
+        &self.weight * normed.to_kind(kind)
+    }
+}
+
+/// Rotary position embeddings in HF's "rotate half" layout.
+#[derive(Debug)]
+struct Rope {
+    inv_freq: Tensor,
+}
+
+impl Rope {
+    fn new(config: &Config, device: Device) -> Self {
+        let dim = config.head_dim();
+        let exponents = Tensor::arange_start_step(0, dim, 2, (Kind::Float, device)) / dim as f64;
+        let inv_freq = Tensor::from(config.rope_theta()).to_device(device).pow(&exponents).reciprocal();
+        Self { inv_freq }
+    }
+
+    /// cos and sin for absolute positions `start..start + length`, shaped [1, 1, length, head_dim].
+    fn cos_sin(&self, start: i64, length: i64, kind: Kind) -> (Tensor, Tensor) {
+        let positions = Tensor::arange_start(start, start + length, (Kind::Float, self.inv_freq.device()));
+        let freqs = positions.unsqueeze(1) * self.inv_freq.unsqueeze(0);
+        let emb = Tensor::cat(&[&freqs, &freqs], -1).unsqueeze(0).unsqueeze(0);
+        (emb.cos().to_kind(kind), emb.sin().to_kind(kind))
+    }
+
+    fn apply(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Tensor {
+        let half = x.size()[3] / 2;
+        let rotated = Tensor::cat(&[&x.narrow(3, half, half).neg(), &x.narrow(3, 0, half)], 3);
+        x * cos + rotated * sin
+    }
+}
+
+#[derive(Debug)]
+struct Attention {
+    q_proj: nn::Linear,
+    k_proj: nn::Linear,
+    v_proj: nn::Linear,
+    o_proj: nn::Linear,
+    q_norm: Option<RmsNorm>,
+    k_norm: Option<RmsNorm>,
+    heads: i64,
+    kv_heads: i64,
+    head_dim: i64,
+}
+
+impl Attention {
+    fn new(path: nn::Path, config: &Config) -> Self {
+        let (h, d) = (config.hidden_size, config.head_dim());
+        let (heads, kv_heads) = (config.num_attention_heads, config.kv_heads());
+        let linear = |name: &str, input: i64, output: i64, bias: bool| {
+            nn::linear(&path / name, input, output, nn::LinearConfig { bias, ..Default::default() })
+        };
+        let norm = |name: &str| config.qk_norm().then(|| RmsNorm::new(&path / name, d, config.rms_norm_eps));
+        Self {
+            q_proj: linear("q_proj", h, heads * d, config.qkv_bias()),
+            k_proj: linear("k_proj", h, kv_heads * d, config.qkv_bias()),
+            v_proj: linear("v_proj", h, kv_heads * d, config.qkv_bias()),
+            o_proj: linear("o_proj", heads * d, h, config.o_bias()),
+            q_norm: norm("q_norm"),
+            k_norm: norm("k_norm"),
+            heads,
+            kv_heads,
+            head_dim: d,
+        }
+    }
+
+    /// `mask`: additive [batch or 1, 1, length, keys] or None for plain causal attention
+    /// over a sequence with no cached prefix.
+    fn forward(
+        &self,
+        x: &Tensor,
+        rope: (&Tensor, &Tensor),
+        cache: Option<&mut LayerCache>,
+        mask: Option<&Tensor>,
+    ) -> Tensor {
+        let (batch, length, _) = x.size3().expect("[batch, length, hidden]");
+        let heads = |t: Tensor, n: i64, norm: &Option<RmsNorm>| {
+            let t = t.view([batch, length, n, self.head_dim]);
+            let t = match norm {
+                Some(norm) => norm.forward(&t),
+                None => t,
+            };
+            t.transpose(1, 2)
+        };
+        let q = heads(self.q_proj.forward(x), self.heads, &self.q_norm);
+        let k = heads(self.k_proj.forward(x), self.kv_heads, &self.k_norm);
+        let v = heads(self.v_proj.forward(x), self.kv_heads, &None);
+        let (cos, sin) = rope;
+        let q = Rope::apply(&q, cos, sin);
+        let mut k = Rope::apply(&k, cos, sin);
+        let mut v = v;
+        if let Some(cache) = cache {
+            (k, v) = cache.append(k, v);
+        }
+        let causal = mask.is_none();
+        let attended =
+            Tensor::scaled_dot_product_attention(&q, &k, &v, mask, 0.0, causal, None, self.kv_heads != self.heads);
+        self.o_proj.forward(&attended.transpose(1, 2).contiguous().view([batch, length, self.heads * self.head_dim]))
+    }
+}
+
+#[derive(Debug)]
+struct Mlp {
+    gate_proj: nn::Linear,
+    up_proj: nn::Linear,
+    down_proj: nn::Linear,
+}
+
+impl Mlp {
+    fn new(path: nn::Path, config: &Config) -> Self {
+        let no_bias = nn::LinearConfig { bias: false, ..Default::default() };
+        let (h, i) = (config.hidden_size, config.intermediate_size);
+        Self {
+            gate_proj: nn::linear(&path / "gate_proj", h, i, no_bias),
+            up_proj: nn::linear(&path / "up_proj", h, i, no_bias),
+            down_proj: nn::linear(&path / "down_proj", i, h, no_bias),
+        }
+    }
+
+    fn forward(&self, x: &Tensor) -> Tensor {
+        self.down_proj.forward(&(self.gate_proj.forward(x).silu() * self.up_proj.forward(x)))
+    }
+}
+
+#[derive(Debug)]
+struct DecoderLayer {
+    input_layernorm: RmsNorm,
+    self_attn: Attention,
+    post_attention_layernorm: RmsNorm,
+    mlp: Mlp,
+}
+
+impl DecoderLayer {
+    fn new(path: nn::Path, config: &Config) -> Self {
+        Self {
+            input_layernorm: RmsNorm::new(&path / "input_layernorm", config.hidden_size, config.rms_norm_eps),
+            self_attn: Attention::new(&path / "self_attn", config),
+            post_attention_layernorm: RmsNorm::new(
+                &path / "post_attention_layernorm",
+                config.hidden_size,
+                config.rms_norm_eps,
+            ),
+            mlp: Mlp::new(&path / "mlp", config),
+        }
+    }
+
+    fn forward(
+        &self,
+        x: &Tensor,
+        rope: (&Tensor, &Tensor),
+        cache: Option<&mut LayerCache>,
+        mask: Option<&Tensor>,
+    ) -> Tensor {
+        let x = x + self.self_attn.forward(&self.input_layernorm.forward(x), rope, cache, mask);
+        &x + self.mlp.forward(&self.post_attention_layernorm.forward(&x))
+    }
+}
+
+/// Keys and values of one layer for the positions seen so far: [batch, kv_heads, positions, head_dim].
+#[derive(Debug, Default)]
+struct LayerCache {
+    kv: Option<(Tensor, Tensor)>,
+}
+
+impl LayerCache {
+    fn append(&mut self, k: Tensor, v: Tensor) -> (Tensor, Tensor) {
+        let (k, v) = match self.kv.take() {
+            Some((past_k, past_v)) => (Tensor::cat(&[past_k, k], 2), Tensor::cat(&[past_v, v], 2)),
+            None => (k, v),
+        };
+        self.kv = Some((k.shallow_clone(), v.shallow_clone()));
+        (k, v)
+    }
+}
+
+/// The KV cache of a batch of sequences decoded together.
+#[derive(Debug)]
+pub struct KvCache {
+    layers: Vec<LayerCache>,
+    length: i64,
+}
+
+impl KvCache {
+    pub fn new(config: &Config) -> Self {
+        Self { layers: (0..config.num_hidden_layers).map(|_| LayerCache::default()).collect(), length: 0 }
+    }
+
+    /// Positions cached so far.
+    pub fn len(&self) -> i64 {
+        self.length
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.length == 0
+    }
+}
+
+/// A decoder-only language model.
+#[derive(Debug)]
+pub struct Model {
+    embed_tokens: nn::Embedding,
+    layers: Vec<DecoderLayer>,
+    norm: RmsNorm,
+    /// None when the output projection is tied to the token embeddings.
+    lm_head: Option<nn::Linear>,
+    rope: Rope,
+    pub config: Config,
+}
+
+impl Model {
+    /// Declares the parameters under `root` with the HF names (`model.*`, `lm_head`).
+    pub fn new(root: &nn::Path, config: &Config) -> Self {
+        let model = root / "model";
+        let embed_tokens =
+            nn::embedding(&model / "embed_tokens", config.vocab_size, config.hidden_size, Default::default());
+        let layers = (0..config.num_hidden_layers).map(|i| DecoderLayer::new(&model / "layers" / i, config)).collect();
+        let norm = RmsNorm::new(&model / "norm", config.hidden_size, config.rms_norm_eps);
+        let lm_head = (!config.tie_word_embeddings).then(|| {
+            nn::linear(
+                root / "lm_head",
+                config.hidden_size,
+                config.vocab_size,
+                nn::LinearConfig { bias: false, ..Default::default() },
+            )
+        });
+        let rope = Rope::new(config, root.device());
+        Self { embed_tokens, layers, norm, lm_head, rope, config: config.clone() }
+    }
+
+    fn logits(&self, hidden: &Tensor) -> Tensor {
+        let hidden = self.norm.forward(hidden);
+        match &self.lm_head {
+            Some(head) => head.forward(&hidden),
+            None => hidden.matmul(&self.embed_tokens.ws.tr()),
+        }
+    }
+
+    /// Logits [batch, length, vocab] for whole sequences (training, scoring).
+    /// `attention_mask` ([batch, length], 1 = token, 0 = right padding) keeps
+    /// padding out of every real token's attention.
+    pub fn forward(&self, input_ids: &Tensor, attention_mask: Option<&Tensor>) -> Tensor {
+        let length = input_ids.size()[1];
+        let kind = self.embed_tokens.ws.kind();
+        let rope = self.rope.cos_sin(0, length, kind);
+        let mask = attention_mask.map(|padding| {
+            let device = input_ids.device();
+            let causal = Tensor::ones([length, length], (Kind::Bool, device)).tril(0);
+            let keys = padding.to_kind(Kind::Bool).unsqueeze(1).unsqueeze(1);
+            additive(&causal.unsqueeze(0).unsqueeze(0).logical_and(&keys), kind)
+        });
+        let mut hidden = self.embed_tokens.forward(input_ids);
+        for layer in &self.layers {
+            hidden = layer.forward(&hidden, (&rope.0, &rope.1), None, mask.as_ref());
+        }
+        self.logits(&hidden)
+    }
+
+    /// Logits [batch, length, vocab] for `input_ids` continuing the sequences
+    /// in `cache` (empty for a prompt), appending their keys and values.
+    pub fn forward_with_cache(&self, input_ids: &Tensor, cache: &mut KvCache) -> Tensor {
+        let length = input_ids.size()[1];
+        let past = cache.length;
+        let kind = self.embed_tokens.ws.kind();
+        let rope = self.rope.cos_sin(past, length, kind);
+        // New token i (absolute position past + i) sees keys 0..=past + i.
+        let mask = (past > 0 && length > 1).then(|| {
+            let device = input_ids.device();
+            let keys = Tensor::arange(past + length, (Kind::Int64, device)).unsqueeze(0);
+            let queries = Tensor::arange_start(past, past + length, (Kind::Int64, device)).unsqueeze(1);
+            additive(&keys.le_tensor(&queries).unsqueeze(0).unsqueeze(0), kind)
+        });
+        // A single new token attends to everything cached: no mask, and not "causal" either.
+        let all = Tensor::zeros([1, 1, 1, 1], (kind, input_ids.device()));
+        let mask = match (past, length) {
+            (0, _) => None,
+            (_, 1) => Some(all),
+            _ => mask,
+        };
+        let mut hidden = self.embed_tokens.forward(input_ids);
+        for (layer, layer_cache) in self.layers.iter().zip(cache.layers.iter_mut()) {
+            hidden = layer.forward(&hidden, (&rope.0, &rope.1), Some(layer_cache), mask.as_ref());
+        }
+        cache.length += length;
+        self.logits(&hidden)
+    }
+}
+
+/// A boolean "may attend" mask as an additive mask of the model's dtype.
+fn additive(allowed: &Tensor, kind: Kind) -> Tensor {
+    let zeros = Tensor::zeros(allowed.size(), (kind, allowed.device()));
+    zeros.masked_fill(&allowed.logical_not(), f64::NEG_INFINITY)
+}

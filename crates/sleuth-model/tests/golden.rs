@@ -1,0 +1,114 @@
+//! The Rust model matches transformers' logits for tiny random Llama, Qwen2
+//! (sharded checkpoint) and Qwen3 models, with and without the KV cache, at
+//! several sequence lengths and on a right-padded batch.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::Command;
+
+use anyhow::{Context, Result, ensure};
+use sleuth_model::{Config, KvCache, Model, load_weights};
+use tch::nn::VarStore;
+use tch::{Device, Tensor};
+
+const TOLERANCE: f64 = 1e-4;
+
+fn golden_models() -> Result<tempfile::TempDir> {
+    let dir = tempfile::tempdir()?;
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/make_golden.py");
+    let output = Command::new(sleuth_testkit::venv_python()?).arg(script).arg(dir.path()).output()?;
+    ensure!(output.status.success(), "make_golden.py failed: {}", String::from_utf8_lossy(&output.stderr));
+    Ok(dir)
+}
+
+fn load(dir: &Path) -> Result<(Model, VarStore, HashMap<String, Tensor>)> {
+    let config = Config::from_file(&dir.join("config.json"))?;
+    let mut vars = VarStore::new(Device::Cpu);
+    let model = Model::new(&vars.root(), &config);
+    load_weights(&mut vars, dir)?;
+    let golden = Tensor::read_safetensors(dir.join("golden.safetensors"))?.into_iter().collect();
+    Ok((model, vars, golden))
+}
+
+fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
+    assert_eq!(a.size(), b.size());
+    (a - b).abs().max().double_value(&[])
+}
+
+fn check_family(root: &Path, family: &str) -> Result<()> {
+    let (model, _vars, golden) = load(&root.join(family))?;
+    let ids = golden.get("input_ids").context("input_ids")?;
+    tch::no_grad(|| -> Result<()> {
+        for length in [1, 5, 12] {
+            let logits = model.forward(&ids.narrow(1, 0, length), None);
+            let diff = max_diff(&logits, &golden[&format!("logits_{length}")]);
+            ensure!(diff < TOLERANCE, "{family}: full forward, length {length}: max |diff| {diff}");
+        }
+
+        // Prefill 5, then a chunk of 4 (several new tokens over a cached prefix), then one at a time.
+        let mut cache = KvCache::new(&model.config);
+        let mut pieces = vec![model.forward_with_cache(&ids.narrow(1, 0, 5), &mut cache)];
+        pieces.push(model.forward_with_cache(&ids.narrow(1, 5, 4), &mut cache));
+        for position in 9..12 {
+            pieces.push(model.forward_with_cache(&ids.narrow(1, position, 1), &mut cache));
+        }
+        assert_eq!(cache.len(), 12);
+        let cached = Tensor::cat(&pieces, 1);
+        let diff = max_diff(&cached, &golden["logits_12"]);
+        ensure!(diff < TOLERANCE, "{family}: with KV cache: max |diff| {diff}");
+
+        let mask = &golden["padded_mask"];
+        let logits = model.forward(&golden["padded_ids"], Some(mask));
+        let real = mask.unsqueeze(-1).to_kind(tch::Kind::Float);
+        let diff = max_diff(&(&logits * &real), &(&golden["padded_logits"] * &real));
+        ensure!(diff < TOLERANCE, "{family}: right-padded batch: max |diff| {diff}");
+        Ok(())
+    })
+}
+
+#[test]
+fn logits_match_transformers_for_llama_qwen2_and_qwen3() -> Result<()> {
+    let models = golden_models()?;
+    for family in ["llama", "qwen2", "qwen3"] {
+        check_family(models.path(), family)?;
+    }
+    Ok(())
+}
+
+#[test]
+fn a_checkpoint_missing_a_parameter_is_named() -> Result<()> {
+    let models = golden_models()?;
+    let dir = models.path().join("llama");
+    let mut config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json"))?)?;
+    config["tie_word_embeddings"] = serde_json::Value::Bool(false);
+    std::fs::write(dir.join("config.json"), config.to_string())?;
+    let config = Config::from_file(&dir.join("config.json"))?;
+    let mut vars = VarStore::new(Device::Cpu);
+    let _model = Model::new(&vars.root(), &config);
+    let error = load_weights(&mut vars, &dir).unwrap_err().to_string();
+    assert!(error.contains("lm_head.weight"), "{error}");
+    Ok(())
+}
+
+#[test]
+fn unsupported_configs_are_rejected_by_name() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("config.json");
+    let base = serde_json::json!({
+        "model_type": "llama", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
+        "num_hidden_layers": 1, "num_attention_heads": 2, "max_position_embeddings": 16
+    });
+    for (key, value, needle) in [
+        ("model_type", serde_json::json!("gpt2"), "model_type \"gpt2\""),
+        ("hidden_act", serde_json::json!("gelu"), "hidden_act \"gelu\""),
+        ("rope_scaling", serde_json::json!({"rope_type": "yarn", "factor": 4.0}), "rope scaling"),
+        ("num_key_value_heads", serde_json::json!(3), "not a multiple"),
+    ] {
+        let mut config = base.clone();
+        config[key] = value;
+        std::fs::write(&path, config.to_string())?;
+        let error = Config::from_file(&path).unwrap_err().to_string();
+        assert!(error.contains(needle), "{key}: {error}");
+    }
+    Ok(())
+}
