@@ -13,6 +13,7 @@
 pub mod config;
 pub mod load;
 pub mod model;
+pub mod sampling;
 
 pub use config::{Architecture, Config};
 pub use load::load_weights;
