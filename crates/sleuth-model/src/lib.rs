@@ -17,7 +17,7 @@ pub mod sampling;
 
 pub use config::{Architecture, Config};
 pub use load::load_weights;
-pub use model::{KvCache, Model};
+pub use model::{BatchCache, KvCache, Model};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {

@@ -49,6 +49,13 @@ impl Rope {
         (emb.cos().to_kind(kind), emb.sin().to_kind(kind))
     }
 
+    /// cos and sin for one new token per row at `positions` ([rows]), shaped [rows, 1, 1, head_dim].
+    fn cos_sin_at(&self, positions: &Tensor, kind: Kind) -> (Tensor, Tensor) {
+        let freqs = positions.to_kind(Kind::Float).unsqueeze(1) * self.inv_freq.unsqueeze(0);
+        let emb = Tensor::cat(&[&freqs, &freqs], -1).unsqueeze(1).unsqueeze(1);
+        (emb.cos().to_kind(kind), emb.sin().to_kind(kind))
+    }
+
     fn apply(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Tensor {
         let half = x.size()[3] / 2;
         let rotated = Tensor::cat(&[&x.narrow(3, half, half).neg(), &x.narrow(3, 0, half)], 3);
@@ -92,13 +99,7 @@ impl Attention {
 
     /// `mask`: additive [batch or 1, 1, length, keys] or None for plain causal attention
     /// over a sequence with no cached prefix.
-    fn forward(
-        &self,
-        x: &Tensor,
-        rope: (&Tensor, &Tensor),
-        cache: Option<&mut LayerCache>,
-        mask: Option<&Tensor>,
-    ) -> Tensor {
+    fn forward(&self, x: &Tensor, rope: (&Tensor, &Tensor), cache: KvWrite<'_>, mask: Option<&Tensor>) -> Tensor {
         let (batch, length, _) = x.size3().expect("[batch, length, hidden]");
         let heads = |t: Tensor, n: i64, norm: &Option<RmsNorm>| {
             let t = t.view([batch, length, n, self.head_dim]);
@@ -113,11 +114,12 @@ impl Attention {
         let v = heads(self.v_proj.forward(x), self.kv_heads, &None);
         let (cos, sin) = rope;
         let q = Rope::apply(&q, cos, sin);
-        let mut k = Rope::apply(&k, cos, sin);
-        let mut v = v;
-        if let Some(cache) = cache {
-            (k, v) = cache.append(k, v);
-        }
+        let k = Rope::apply(&k, cos, sin);
+        let (k, v) = match cache {
+            KvWrite::None => (k, v),
+            KvWrite::Append(cache) => cache.append(k, v),
+            KvWrite::Rows(rows, lengths) => rows.write(k, v, lengths),
+        };
         let causal = mask.is_none();
         let attended =
             Tensor::scaled_dot_product_attention(&q, &k, &v, mask, 0.0, causal, None, self.kv_heads != self.heads);
@@ -170,13 +172,7 @@ impl DecoderLayer {
         }
     }
 
-    fn forward(
-        &self,
-        x: &Tensor,
-        rope: (&Tensor, &Tensor),
-        cache: Option<&mut LayerCache>,
-        mask: Option<&Tensor>,
-    ) -> Tensor {
+    fn forward(&self, x: &Tensor, rope: (&Tensor, &Tensor), cache: KvWrite<'_>, mask: Option<&Tensor>) -> Tensor {
         let x = x + self.self_attn.forward(&self.input_layernorm.forward(x), rope, cache, mask);
         &x + self.mlp.forward(&self.post_attention_layernorm.forward(&x))
     }
@@ -196,6 +192,130 @@ impl LayerCache {
         };
         self.kv = Some((k.shallow_clone(), v.shallow_clone()));
         (k, v)
+    }
+}
+
+/// Where a layer's new keys and values go.
+enum KvWrite<'a> {
+    /// Nowhere: a whole sequence in one pass.
+    None,
+    /// Appended to one cache shared by the batch.
+    Append(&'a mut LayerCache),
+    /// One new position per row, written at each row's own length.
+    Rows(&'a mut RowLayer, &'a [i64]),
+}
+
+/// One layer of a [`BatchCache`]: [slots, kv_heads, capacity, head_dim] each.
+#[derive(Debug)]
+struct RowLayer {
+    k: Tensor,
+    v: Tensor,
+}
+
+impl RowLayer {
+    /// Writes one new key/value per active row at its length and returns the
+    /// active rows' keys and values up to the longest row.
+    fn write(&mut self, k: Tensor, v: Tensor, lengths: &[i64]) -> (Tensor, Tensor) {
+        for (row, &length) in lengths.iter().enumerate() {
+            let row = row as i64;
+            self.k.get(row).narrow(1, length, 1).copy_(&k.get(row));
+            self.v.get(row).narrow(1, length, 1).copy_(&v.get(row));
+        }
+        let rows = lengths.len() as i64;
+        let keys = lengths.iter().max().map_or(0, |l| l + 1);
+        (self.k.narrow(0, 0, rows).narrow(2, 0, keys), self.v.narrow(0, 0, rows).narrow(2, 0, keys))
+    }
+}
+
+/// KV cache for continuous batching: up to `slots` sequences, each in its own
+/// row with its own length, decoded one token per step together. Active
+/// sequences occupy rows `0..active()`; removing one moves the last row into
+/// its place, so a step never copies the cache.
+#[derive(Debug)]
+pub struct BatchCache {
+    layers: Vec<RowLayer>,
+    lengths: Vec<i64>,
+    slots: i64,
+    capacity: i64,
+}
+
+/// Capacity grows in steps of this many positions (reallocating all rows).
+const CAPACITY_STEP: i64 = 256;
+
+impl BatchCache {
+    pub fn new(config: &Config, slots: usize, kind: Kind, device: Device) -> Self {
+        let slots = slots as i64;
+        let shape = [slots, config.kv_heads(), CAPACITY_STEP, config.head_dim()];
+        let layers = (0..config.num_hidden_layers)
+            .map(|_| RowLayer { k: Tensor::zeros(shape, (kind, device)), v: Tensor::zeros(shape, (kind, device)) })
+            .collect();
+        Self { layers, lengths: Vec::new(), slots, capacity: CAPACITY_STEP }
+    }
+
+    /// Sequences in the batch.
+    pub fn active(&self) -> usize {
+        self.lengths.len()
+    }
+
+    pub fn slots(&self) -> usize {
+        self.slots as usize
+    }
+
+    /// Cached positions of each active row.
+    pub fn lengths(&self) -> &[i64] {
+        &self.lengths
+    }
+
+    /// Makes room for `positions` per row.
+    fn reserve(&mut self, positions: i64) {
+        if positions <= self.capacity {
+            return;
+        }
+        let capacity = (positions + CAPACITY_STEP - 1) / CAPACITY_STEP * CAPACITY_STEP;
+        for layer in &mut self.layers {
+            let grow = |t: &Tensor| {
+                let mut size = t.size();
+                size[2] = capacity - size[2];
+                Tensor::cat(&[t, &Tensor::zeros(size.as_slice(), (t.kind(), t.device()))], 2)
+            };
+            layer.k = grow(&layer.k);
+            layer.v = grow(&layer.v);
+        }
+        self.capacity = capacity;
+    }
+
+    /// Adds a prefilled sequence (a one-row [`KvCache`]) as the last active row; returns its row.
+    pub fn insert(&mut self, sequence: &KvCache) -> Result<usize, String> {
+        if self.active() as i64 >= self.slots {
+            return Err(format!("batch is full ({} sequences)", self.slots));
+        }
+        let row = self.active() as i64;
+        self.reserve(sequence.length + 1);
+        for (layer, cached) in self.layers.iter_mut().zip(&sequence.layers) {
+            if let Some((k, v)) = &cached.kv {
+                layer.k.get(row).narrow(1, 0, sequence.length).copy_(&k.get(0));
+                layer.v.get(row).narrow(1, 0, sequence.length).copy_(&v.get(0));
+            }
+        }
+        self.lengths.push(sequence.length);
+        Ok(row as usize)
+    }
+
+    /// Removes `row`, moving the last active row into its place (the caller
+    /// renumbers that sequence to `row`).
+    pub fn remove(&mut self, row: usize) {
+        let last = self.active() - 1;
+        if row != last {
+            let length = self.lengths[last];
+            for layer in &mut self.layers {
+                let moved_k = layer.k.get(last as i64).narrow(1, 0, length).copy();
+                let moved_v = layer.v.get(last as i64).narrow(1, 0, length).copy();
+                layer.k.get(row as i64).narrow(1, 0, length).copy_(&moved_k);
+                layer.v.get(row as i64).narrow(1, 0, length).copy_(&moved_v);
+            }
+            self.lengths[row] = length;
+        }
+        self.lengths.pop();
     }
 }
 
@@ -276,7 +396,7 @@ impl Model {
         });
         let mut hidden = self.embed_tokens.forward(input_ids);
         for layer in &self.layers {
-            hidden = layer.forward(&hidden, (&rope.0, &rope.1), None, mask.as_ref());
+            hidden = layer.forward(&hidden, (&rope.0, &rope.1), KvWrite::None, mask.as_ref());
         }
         self.logits(&hidden)
     }
@@ -304,10 +424,38 @@ impl Model {
         };
         let mut hidden = self.embed_tokens.forward(input_ids);
         for (layer, layer_cache) in self.layers.iter().zip(cache.layers.iter_mut()) {
-            hidden = layer.forward(&hidden, (&rope.0, &rope.1), Some(layer_cache), mask.as_ref());
+            hidden = layer.forward(&hidden, (&rope.0, &rope.1), KvWrite::Append(layer_cache), mask.as_ref());
         }
         cache.length += length;
         self.logits(&hidden)
+    }
+}
+
+impl Model {
+    /// One decoding step for every active sequence of `cache`: `tokens[row]` is
+    /// row `row`'s newest token. Returns logits [active, vocab] and advances
+    /// each row by one position.
+    pub fn decode_step(&self, tokens: &[i64], cache: &mut BatchCache) -> Tensor {
+        assert_eq!(tokens.len(), cache.active(), "one token per active sequence");
+        let device = self.embed_tokens.ws.device();
+        let kind = self.embed_tokens.ws.kind();
+        let lengths = cache.lengths.clone();
+        let longest = lengths.iter().copied().max().unwrap_or(0);
+        cache.reserve(longest + 1);
+        let positions = Tensor::from_slice(&lengths).to_device(device);
+        let (cos, sin) = self.rope.cos_sin_at(&positions, kind);
+        // Row r sees its own positions 0..=lengths[r] and none of the padding beyond.
+        let keys = Tensor::arange(longest + 1, (Kind::Int64, device)).unsqueeze(0);
+        let mask = additive(&keys.le_tensor(&positions.unsqueeze(1)).unsqueeze(1).unsqueeze(1), kind);
+        let input = Tensor::from_slice(tokens).to_device(device).unsqueeze(1);
+        let mut hidden = self.embed_tokens.forward(&input);
+        for (layer, rows) in self.layers.iter().zip(cache.layers.iter_mut()) {
+            hidden = layer.forward(&hidden, (&cos, &sin), KvWrite::Rows(rows, &lengths), Some(&mask));
+        }
+        for length in &mut cache.lengths {
+            *length += 1;
+        }
+        self.logits(&hidden).squeeze_dim(1)
     }
 }
 
