@@ -43,6 +43,10 @@ fn start_mesh(redis_url: &str, token: &str, data: &std::path::Path) -> Result<BT
             ("SLEUTH_DEVICE", "cpu".to_owned()),
             ("SLEUTH_DATABASE_URL", format!("sqlite://{}", data.join("runs.db").display())),
         ];
+        if name == "policy-server" {
+            let model = sleuth_testkit::cache_dir()?.join("models/smollm2-135m-instruct");
+            env.push(("SLEUTH_MODEL", model.display().to_string()));
+        }
         if name == "inference-gateway" {
             env.push(("SLEUTH_POLICY_SERVERS", mesh["policy-server"].addr.clone()));
         }
@@ -131,9 +135,14 @@ async fn mesh_is_healthy_reflective_authenticated_and_drains_on_sigterm() -> Res
     assert_eq!(error.code(), Code::Unauthenticated, "{error:?}");
     let error = stranger.get_model_info(policy::v1::GetModelInfoRequest {}).await.unwrap_err();
     assert_eq!(error.code(), Code::Unauthenticated, "{error:?}");
-    // With the token the call reaches the service (which does not implement it yet).
+    // With the token the call reaches the service.
     let mut member = policy::v1::policy_server_client::PolicyServerClient::new(channel(policy, Some(&token)).await?);
-    let error = member.get_model_info(policy::v1::GetModelInfoRequest {}).await.unwrap_err();
+    let info = member.get_model_info(policy::v1::GetModelInfoRequest {}).await?.into_inner();
+    assert_eq!(info.architecture, "llama");
+    // A service whose RPCs are not implemented yet answers Unimplemented past auth.
+    let learner = &mesh["learner"];
+    let mut member = learner::v1::learner_client::LearnerClient::new(channel(learner, Some(&token)).await?);
+    let error = member.get_status(learner::v1::GetStatusRequest {}).await.unwrap_err();
     assert_eq!(error.code(), Code::Unimplemented, "{error:?}");
 
     // Keep a connection open to every service while they shut down: idle

@@ -1,18 +1,32 @@
-//! The policy server: LLM inference in libtorch with per-token logprobs,
-//! continuous batching, prefix reuse and versioned weight updates.
+//! The policy server: LLM inference in libtorch with per-token behaviour and
+//! model logprobs, continuous batching and versioned weight updates.
 //!
-//! Status: the service starts, checks that libtorch computes on the configured
-//! device before it reports SERVING, and answers reflection; every RPC of
-//! `sleuth.policy.v1.PolicyServer` answers `Unimplemented` until the
-//! policy-server work lands.
+//! - [`engine`] is the scheduler actor that owns the model (see its docs for
+//!   the batching policy);
+//! - [`handlers`] is the gRPC surface: `Generate`, `GenerateStream`,
+//!   `UpdateWeights`, `GetModelInfo`.
+//!
+//! Not yet here: prefix reuse across turns (every prompt is prefilled in full)
+//! and metrics.
+
+pub mod engine;
+pub mod error;
+pub mod handlers;
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
 
-use sleuth_kit::{ErrorKind, GrpcService, KitError, ServeArgs, ServiceError, TelemetryArgs};
-use sleuth_proto::policy::v1::policy_server_server::{PolicyServer, PolicyServerServer};
+use futures::FutureExt;
+use sleuth_kit::{GrpcService, ServeArgs, TelemetryArgs};
+use sleuth_proto::policy::v1::policy_server_server::PolicyServerServer;
 use sleuth_torch::DeviceSpec;
 use tokio::net::TcpListener;
+
+pub use error::Error;
+
+use crate::engine::{Engine, Limits};
 
 /// Configuration, from flags or `SLEUTH_*` environment variables.
 #[derive(clap::Parser, Debug, Clone)]
@@ -26,9 +40,30 @@ pub struct Config {
     #[arg(long, env = "SLEUTH_LISTEN", default_value = "0.0.0.0:50055")]
     pub listen: SocketAddr,
 
+    /// HF-format model directory (config.json, safetensors). Default: the
+    /// SmolLM2-135M-Instruct that `make setup` imports into ~/.cache/sleuth/models.
+    #[arg(long, env = "SLEUTH_MODEL")]
+    pub model: Option<PathBuf>,
+
     /// Device to run the model on: auto (CUDA when present), cpu, cuda or cuda:N.
     #[arg(long, env = "SLEUTH_DEVICE", default_value = "auto")]
     pub device: DeviceSpec,
+
+    /// Parameter dtype: f32 or bf16.
+    #[arg(long, env = "SLEUTH_DTYPE", default_value = "f32", value_parser = ["f32", "bf16"])]
+    pub dtype: String,
+
+    /// Sequences decoded together.
+    #[arg(long, env = "SLEUTH_MAX_BATCH", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub max_batch: u32,
+
+    /// KV-cache budget in tokens (prompt + max_new_tokens of every running sequence).
+    #[arg(long, env = "SLEUTH_KV_BUDGET_TOKENS", default_value_t = 65536)]
+    pub kv_budget_tokens: u32,
+
+    /// Requests allowed to wait for the batch; more are refused with ResourceExhausted.
+    #[arg(long, env = "SLEUTH_MAX_QUEUE", default_value_t = 256)]
+    pub max_queue: u32,
 
     #[command(flatten)]
     pub serve: ServeArgs,
@@ -37,39 +72,61 @@ pub struct Config {
     pub telemetry: TelemetryArgs,
 }
 
-/// Errors that stop the service.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error(transparent)]
-    Kit(#[from] KitError),
-    #[error(transparent)]
-    Torch(#[from] sleuth_torch::TorchError),
-}
-
-impl ServiceError for Error {
-    fn kind(&self) -> ErrorKind {
-        match self {
-            Error::Kit(error) => error.kind(),
-            Error::Torch(error) => error.kind(),
-        }
+/// The model directory configured, or the one `make setup` imports.
+pub fn model_dir(config: &Config) -> Result<PathBuf, Error> {
+    if let Some(dir) = &config.model {
+        return Ok(dir.clone());
+    }
+    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_default();
+    let default = home.join(".cache/sleuth/models/smollm2-135m-instruct");
+    if default.join("config.json").is_file() {
+        Ok(default)
+    } else {
+        Err(Error::InvalidArgument(format!(
+            "no model: set --model (SLEUTH_MODEL); {} does not exist",
+            default.display()
+        )))
     }
 }
 
-/// The RPC handlers. RPCs not overridden here answer `Unimplemented`.
-#[derive(Debug, Clone, Default)]
-pub struct Handlers;
-
-#[tonic::async_trait]
-impl PolicyServer for Handlers {}
-
-/// Serves the policy-server on `listener` until `shutdown` resolves.
+/// Serves the policy server on `listener` until `shutdown` resolves. The
+/// model loads in the background; the server reports NOT_SERVING until it has.
 pub async fn run(
     config: Config,
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
     let device = config.device.resolve()?;
-    let service = GrpcService::new(PolicyServerServer::new(Handlers)).with_probe(sleuth_torch::device_probe(device));
+    let dir = model_dir(&config)?;
+    let kind = if config.dtype == "bf16" { tch::Kind::BFloat16 } else { tch::Kind::Float };
+    let limits = Limits {
+        max_batch: config.max_batch as usize,
+        kv_budget_tokens: config.kv_budget_tokens as usize,
+        max_queue: config.max_queue as usize,
+    };
+    let engine: Arc<OnceLock<Result<Engine, String>>> = Arc::default();
+    let loading = engine.clone();
+    tokio::task::spawn_blocking(move || {
+        let started = std::time::Instant::now();
+        let result = Engine::start(dir.clone(), device, kind, limits).map_err(|e| e.to_string());
+        match &result {
+            Ok(_) => tracing::info!(model = %dir.display(), seconds = started.elapsed().as_secs_f64(), "model loaded"),
+            Err(error) => tracing::error!(model = %dir.display(), %error, "cannot load the model"),
+        }
+        let _ = loading.set(result);
+    });
+    let ready = engine.clone();
+    let probe = sleuth_kit::health::probe_fn("model", move || {
+        let state = match ready.get() {
+            None => Err("loading the model".to_owned()),
+            Some(Ok(_)) => Ok(()),
+            Some(Err(error)) => Err(error.clone()),
+        };
+        async move { state }.boxed()
+    });
+    let service = GrpcService::new(PolicyServerServer::new(handlers::Handlers { engine }))
+        .with_probe(sleuth_torch::device_probe(device))
+        .with_probe(probe);
     sleuth_kit::serve(service, &config.serve, listener, shutdown).await?;
     Ok(())
 }

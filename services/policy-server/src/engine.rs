@@ -1,0 +1,329 @@
+//! The scheduler actor: owns the model, its weights and the batch KV cache on
+//! a dedicated thread, and runs continuous batching.
+//!
+//! Between two decode steps it (1) takes new commands, (2) applies a pending
+//! weight update (so every token of a step comes from one version), (3)
+//! admits waiting requests while a batch row is free and the KV budget allows
+//! their whole length (prompt + max_new_tokens), prefilling each, then (4)
+//! decodes one token for every running sequence. Requests beyond the batch
+//! wait in a bounded queue; past it they are refused with `ResourceExhausted`,
+//! so load never turns into an out-of-memory crash.
+
+use std::collections::VecDeque;
+use std::path::PathBuf;
+
+use sleuth_model::sampling::{Rng, Sampled, Sampling, sample};
+use sleuth_model::{BatchCache, Config, KvCache, Model, load_weights};
+use tch::nn::VarStore;
+use tch::{Device, Kind, Tensor};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::error::Error;
+
+/// A validated generation request.
+#[derive(Debug, Clone)]
+pub struct Job {
+    pub prompt: Vec<i64>,
+    pub sampling: Sampling,
+    pub seed: u64,
+    pub max_new_tokens: usize,
+    pub stop_tokens: Vec<u32>,
+}
+
+/// Why a generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    Stop,
+    Length,
+}
+
+/// What a generation streams back.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    Token { sampled: Sampled, version: u64 },
+    Done { finish: Finish, prompt_tokens: usize },
+}
+
+/// Facts about the served model.
+#[derive(Debug, Clone)]
+pub struct ModelFacts {
+    pub model_id: String,
+    pub architecture: String,
+    pub num_parameters: u64,
+    pub kind: Kind,
+    pub device: Device,
+    pub vocab_size: u32,
+    pub max_position_embeddings: u32,
+    pub eos_token_ids: Vec<u32>,
+    pub version: u64,
+    pub kv_budget_tokens: u64,
+}
+
+/// New weights: named tensors (HF names) or a checkpoint directory.
+pub enum Weights {
+    Tensors(Vec<(String, Tensor)>),
+    Checkpoint(PathBuf),
+}
+
+enum Command {
+    Generate { job: Job, events: mpsc::UnboundedSender<Result<Event, Error>> },
+    Update { version: u64, weights: Weights, reply: oneshot::Sender<Result<u64, Error>> },
+    Facts { reply: oneshot::Sender<ModelFacts> },
+}
+
+/// Limits of the scheduler.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Sequences decoded together.
+    pub max_batch: usize,
+    /// Tokens (prompt + max new) reserved across running sequences.
+    pub kv_budget_tokens: usize,
+    /// Requests waiting beyond the batch.
+    pub max_queue: usize,
+}
+
+/// Handle to the scheduler; cheap to clone.
+#[derive(Clone)]
+pub struct Engine {
+    commands: mpsc::UnboundedSender<Command>,
+    pub config: Config,
+    pub limits: Limits,
+}
+
+impl Engine {
+    /// Loads the HF model in `dir` and starts the scheduler thread.
+    pub fn start(dir: PathBuf, device: Device, kind: Kind, limits: Limits) -> Result<Self, Error> {
+        let config = Config::from_file(&dir.join("config.json"))?;
+        let mut vars = VarStore::new(device);
+        let model = Model::new(&vars.root(), &config);
+        load_weights(&mut vars, &dir)?;
+        if kind != Kind::Float {
+            vars.set_kind(kind);
+        }
+        vars.freeze();
+        let facts = ModelFacts {
+            model_id: dir.file_name().and_then(|n| n.to_str()).unwrap_or("model").to_owned(),
+            architecture: config.model_type.clone(),
+            num_parameters: vars.variables().values().map(|t| t.numel() as u64).sum(),
+            kind,
+            device,
+            vocab_size: config.vocab_size as u32,
+            max_position_embeddings: config.max_position_embeddings as u32,
+            eos_token_ids: config.eos_token_ids(),
+            version: 0,
+            kv_budget_tokens: limits.kv_budget_tokens as u64,
+        };
+        let (commands, receiver) = mpsc::unbounded_channel();
+        let scheduler =
+            Scheduler { model, vars, facts, limits, waiting: VecDeque::new(), running: Vec::new(), reserved: 0, kind };
+        std::thread::Builder::new()
+            .name("policy-scheduler".to_owned())
+            .spawn(move || tch::no_grad(|| scheduler.run(receiver)))
+            .map_err(|e| Error::Internal(format!("cannot start the scheduler thread: {e}")))?;
+        Ok(Self { commands, config, limits })
+    }
+
+    /// Starts a generation; tokens arrive on the returned channel as they are sampled.
+    pub fn generate(&self, job: Job) -> Result<mpsc::UnboundedReceiver<Result<Event, Error>>, Error> {
+        let (events, receiver) = mpsc::unbounded_channel();
+        self.send(Command::Generate { job, events })?;
+        Ok(receiver)
+    }
+
+    /// Replaces the weights between two decode steps; returns the version now served.
+    pub async fn update(&self, version: u64, weights: Weights) -> Result<u64, Error> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Command::Update { version, weights, reply })?;
+        answer.await.map_err(|_| Error::Internal("scheduler stopped".to_owned()))?
+    }
+
+    pub async fn facts(&self) -> Result<ModelFacts, Error> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Command::Facts { reply })?;
+        answer.await.map_err(|_| Error::Internal("scheduler stopped".to_owned()))
+    }
+
+    fn send(&self, command: Command) -> Result<(), Error> {
+        self.commands.send(command).map_err(|_| Error::Internal("scheduler stopped".to_owned()))
+    }
+}
+
+struct Waiting {
+    job: Job,
+    events: mpsc::UnboundedSender<Result<Event, Error>>,
+}
+
+struct Running {
+    job: Job,
+    events: mpsc::UnboundedSender<Result<Event, Error>>,
+    rng: Rng,
+    last: i64,
+    generated: usize,
+}
+
+struct Scheduler {
+    model: Model,
+    vars: VarStore,
+    facts: ModelFacts,
+    limits: Limits,
+    waiting: VecDeque<Waiting>,
+    /// Running sequences; `running[r]` decodes in batch row `r`.
+    running: Vec<Running>,
+    /// KV tokens reserved by running sequences.
+    reserved: usize,
+    kind: Kind,
+}
+
+impl Scheduler {
+    fn run(mut self, mut commands: mpsc::UnboundedReceiver<Command>) {
+        let mut batch = BatchCache::new(&self.model.config, self.limits.max_batch, self.kind, self.facts.device);
+        loop {
+            // Idle: block for work. Busy: take whatever arrived since the last step.
+            if self.running.is_empty() && self.waiting.is_empty() {
+                match commands.blocking_recv() {
+                    Some(command) => self.handle(command),
+                    None => return,
+                }
+            }
+            while let Ok(command) = commands.try_recv() {
+                self.handle(command);
+            }
+            self.admit(&mut batch);
+            if !self.running.is_empty() {
+                self.step(&mut batch);
+            }
+        }
+    }
+
+    fn handle(&mut self, command: Command) {
+        match command {
+            Command::Generate { job, events } => {
+                if self.waiting.len() >= self.limits.max_queue {
+                    let _ = events.send(Err(Error::Overloaded(format!(
+                        "{} requests are already waiting for the batch",
+                        self.waiting.len()
+                    ))));
+                } else {
+                    self.waiting.push_back(Waiting { job, events });
+                }
+            }
+            Command::Update { version, weights, reply } => {
+                let _ = reply.send(self.update(version, weights));
+            }
+            Command::Facts { reply } => {
+                let _ = reply.send(self.facts.clone());
+            }
+        }
+    }
+
+    /// Validates and copies new weights into the model; all or nothing.
+    fn update(&mut self, version: u64, weights: Weights) -> Result<u64, Error> {
+        if version <= self.facts.version {
+            return Err(Error::StaleVersion { offered: version, served: self.facts.version });
+        }
+        match weights {
+            Weights::Checkpoint(dir) => {
+                let config = Config::from_file(&dir.join("config.json"))?;
+                if config.hidden_size != self.model.config.hidden_size
+                    || config.num_hidden_layers != self.model.config.num_hidden_layers
+                    || config.vocab_size != self.model.config.vocab_size
+                {
+                    return Err(Error::InvalidArgument(format!(
+                        "checkpoint {} has a different shape than the served model",
+                        dir.display()
+                    )));
+                }
+                // Load into a scratch store first so a bad checkpoint leaves the served weights untouched.
+                let mut scratch = VarStore::new(self.facts.device);
+                let _shape = Model::new(&scratch.root(), &self.model.config);
+                load_weights(&mut scratch, &dir)?;
+                self.vars.copy(&scratch).map_err(|e| Error::Internal(e.to_string()))?;
+            }
+            Weights::Tensors(tensors) => {
+                let variables = self.vars.variables();
+                for (name, tensor) in &tensors {
+                    let Some(target) = variables.get(name) else {
+                        return Err(Error::InvalidArgument(format!("tensor {name:?} is not a parameter of the model")));
+                    };
+                    if target.size() != tensor.size() {
+                        return Err(Error::InvalidArgument(format!(
+                            "tensor {name:?} has shape {:?}, the model's is {:?}",
+                            tensor.size(),
+                            target.size()
+                        )));
+                    }
+                }
+                for (name, tensor) in tensors {
+                    let mut target = variables[&name].shallow_clone();
+                    target.copy_(&tensor.to_kind(target.kind()).to_device(target.device()));
+                }
+            }
+        }
+        self.facts.version = version;
+        tracing::info!(version, "weights updated");
+        Ok(version)
+    }
+
+    fn admit(&mut self, batch: &mut BatchCache) {
+        while batch.active() < batch.slots() {
+            let Some(next) = self.waiting.front() else { return };
+            let need = next.job.prompt.len() + next.job.max_new_tokens;
+            if self.reserved + need > self.limits.kv_budget_tokens && !self.running.is_empty() {
+                return; // wait for running sequences to finish and free their reservation
+            }
+            let Waiting { job, events } = self.waiting.pop_front().expect("front exists");
+            if events.is_closed() {
+                continue;
+            }
+            let mut cache = KvCache::new(&self.model.config);
+            let logits = self.model.forward_with_cache(
+                &Tensor::from_slice(&job.prompt).to_device(self.facts.device).unsqueeze(0),
+                &mut cache,
+            );
+            let mut running = Running { rng: Rng::new(job.seed), job, events, last: 0, generated: 0 };
+            if emit(&self.facts, &mut running, &logits.get(0).get(-1)) {
+                continue;
+            }
+            if let Err(message) = batch.insert(&cache) {
+                let _ = running.events.send(Err(Error::Internal(message)));
+                continue;
+            }
+            self.reserved += need;
+            self.running.push(running);
+        }
+    }
+
+    fn step(&mut self, batch: &mut BatchCache) {
+        let tokens: Vec<i64> = self.running.iter().map(|r| r.last).collect();
+        let logits = self.model.decode_step(&tokens, batch);
+        let mut finished = Vec::new();
+        for (row, running) in self.running.iter_mut().enumerate() {
+            if emit(&self.facts, running, &logits.get(row as i64)) {
+                finished.push(row);
+            }
+        }
+        // Highest rows first, so moving the last row down never moves a finished one.
+        for row in finished.into_iter().rev() {
+            let done = self.running.swap_remove(row);
+            self.reserved -= done.job.prompt.len() + done.job.max_new_tokens;
+            batch.remove(row);
+        }
+    }
+}
+
+/// Samples the next token of `running` from `logits` and sends it; true when
+/// the sequence is finished (stop token, length, or the caller went away).
+fn emit(facts: &ModelFacts, running: &mut Running, logits: &Tensor) -> bool {
+    let sampled = sample(logits, &running.job.sampling, &mut running.rng);
+    running.last = i64::from(sampled.token);
+    running.generated += 1;
+    let _ = running.events.send(Ok(Event::Token { sampled, version: facts.version }));
+    let stopped = running.job.stop_tokens.contains(&sampled.token) || facts.eos_token_ids.contains(&sampled.token);
+    let length = running.generated >= running.job.max_new_tokens;
+    if stopped || length {
+        let finish = if stopped { Finish::Stop } else { Finish::Length };
+        let _ = running.events.send(Ok(Event::Done { finish, prompt_tokens: running.job.prompt.len() }));
+        return true;
+    }
+    running.events.is_closed()
+}

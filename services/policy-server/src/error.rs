@@ -1,0 +1,45 @@
+//! The policy server's errors and their gRPC codes.
+
+use sleuth_kit::{ErrorKind, KitError, ServiceError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The request is wrong; the message names the field and value.
+    #[error("{0}")]
+    InvalidArgument(String),
+    #[error("weights version {offered} is not newer than the served version {served}")]
+    StaleVersion { offered: u64, served: u64 },
+    #[error("overloaded: {0}")]
+    Overloaded(String),
+    #[error("{0}")]
+    Internal(String),
+    #[error(transparent)]
+    Model(#[from] sleuth_model::ModelError),
+    #[error(transparent)]
+    Torch(#[from] sleuth_torch::TorchError),
+    #[error(transparent)]
+    Kit(#[from] KitError),
+}
+
+impl ServiceError for Error {
+    fn kind(&self) -> ErrorKind {
+        match self {
+            Error::InvalidArgument(_) => ErrorKind::InvalidArgument,
+            Error::StaleVersion { .. } => ErrorKind::FailedPrecondition,
+            Error::Overloaded(_) => ErrorKind::ResourceExhausted { retry_after: std::time::Duration::from_millis(500) },
+            Error::Internal(_) => ErrorKind::Internal,
+            Error::Model(sleuth_model::ModelError::Config { .. } | sleuth_model::ModelError::Weights(_)) => {
+                ErrorKind::InvalidArgument
+            }
+            Error::Model(_) => ErrorKind::Internal,
+            Error::Torch(error) => error.kind(),
+            Error::Kit(error) => error.kind(),
+        }
+    }
+}
+
+impl From<Error> for tonic::Status {
+    fn from(error: Error) -> Self {
+        sleuth_kit::error::into_status(&error)
+    }
+}

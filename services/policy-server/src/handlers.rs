@@ -1,0 +1,247 @@
+//! gRPC handlers: validation and translation between the proto and the engine.
+
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
+
+use futures::StreamExt;
+use sleuth_model::sampling::Sampling;
+use sleuth_proto::policy::v1 as pb;
+use sleuth_proto::policy::v1::policy_server_server::PolicyServer;
+use tch::{Kind, Tensor};
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tonic::codegen::BoxStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::engine::{Engine, Event, Finish, Job, Weights};
+use crate::error::Error;
+
+pub struct Handlers {
+    pub engine: Arc<OnceLock<Result<Engine, String>>>,
+}
+
+impl Handlers {
+    fn engine(&self) -> Result<&Engine, Error> {
+        match self.engine.get() {
+            Some(Ok(engine)) => Ok(engine),
+            Some(Err(error)) => Err(Error::Internal(format!("the model failed to load: {error}"))),
+            None => Err(Error::Overloaded("the model is still loading".to_owned())),
+        }
+    }
+
+    /// Checks a request against the model, naming the offending field.
+    fn job(&self, request: &pb::GenerateRequest) -> Result<(Job, bool), Error> {
+        let engine = self.engine()?;
+        let vocab = engine.config.vocab_size;
+        let context = engine.config.max_position_embeddings as usize;
+        if request.prompt_token_ids.is_empty() {
+            return Err(Error::InvalidArgument("prompt_token_ids must not be empty".to_owned()));
+        }
+        if let Some((index, id)) = request.prompt_token_ids.iter().enumerate().find(|(_, id)| i64::from(**id) >= vocab)
+        {
+            return Err(Error::InvalidArgument(format!(
+                "prompt_token_ids[{index}] = {id} is outside the vocabulary ({vocab} tokens)"
+            )));
+        }
+        let params = request.sampling.clone().unwrap_or_default();
+        let max_new_tokens = params.max_new_tokens as usize;
+        if max_new_tokens == 0 {
+            return Err(Error::InvalidArgument("sampling.max_new_tokens must be at least 1, got 0".to_owned()));
+        }
+        if request.prompt_token_ids.len() + max_new_tokens > context {
+            return Err(Error::InvalidArgument(format!(
+                "prompt of {} tokens plus sampling.max_new_tokens {max_new_tokens} exceeds the context of {context} tokens",
+                request.prompt_token_ids.len()
+            )));
+        }
+        let need = request.prompt_token_ids.len() + max_new_tokens;
+        if need > engine.limits.kv_budget_tokens {
+            return Err(Error::InvalidArgument(format!(
+                "prompt of {} tokens plus sampling.max_new_tokens {max_new_tokens} exceeds the KV budget of {} tokens",
+                request.prompt_token_ids.len(),
+                engine.limits.kv_budget_tokens
+            )));
+        }
+        let sampling = Sampling {
+            temperature: params.temperature.unwrap_or(1.0),
+            top_p: params.top_p.unwrap_or(1.0),
+            top_k: params.top_k as usize,
+        };
+        sampling.validate().map_err(|message| Error::InvalidArgument(format!("sampling.{message}")))?;
+        let seed = params.seed.unwrap_or_else(|| {
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+        });
+        let job = Job {
+            prompt: request.prompt_token_ids.iter().map(|&id| i64::from(id)).collect(),
+            sampling,
+            seed,
+            max_new_tokens,
+            stop_tokens: params.stop_token_ids.clone(),
+        };
+        Ok((job, request.return_model_logprobs))
+    }
+}
+
+fn finish_reason(finish: Finish) -> i32 {
+    match finish {
+        Finish::Stop => pb::FinishReason::Stop as i32,
+        Finish::Length => pb::FinishReason::Length as i32,
+    }
+}
+
+fn dtype(value: i32) -> Result<(Kind, usize), Error> {
+    match pb::DType::try_from(value) {
+        Ok(pb::DType::DtypeF32) => Ok((Kind::Float, 4)),
+        Ok(pb::DType::DtypeBf16) => Ok((Kind::BFloat16, 2)),
+        Ok(pb::DType::DtypeF16) => Ok((Kind::Half, 2)),
+        _ => Err(Error::InvalidArgument(format!("tensor dtype {value} is not one of F32, BF16, F16"))),
+    }
+}
+
+#[tonic::async_trait]
+impl PolicyServer for Handlers {
+    async fn generate(&self, request: Request<pb::GenerateRequest>) -> Result<Response<pb::GenerateResponse>, Status> {
+        let (job, with_model_logprobs) = self.job(request.get_ref())?;
+        let mut events = self.engine()?.generate(job)?;
+        let mut response = pb::GenerateResponse::default();
+        while let Some(event) = events.recv().await {
+            match event? {
+                Event::Token { sampled, version } => {
+                    response.token_ids.push(sampled.token);
+                    response.logprobs.push(sampled.logprob);
+                    if with_model_logprobs {
+                        response.model_logprobs.push(sampled.model_logprob);
+                    }
+                    response.policy_versions.push(version);
+                }
+                Event::Done { finish, prompt_tokens } => {
+                    response.finish_reason = finish_reason(finish);
+                    response.prompt_tokens = prompt_tokens as u32;
+                    return Ok(Response::new(response));
+                }
+            }
+        }
+        Err(Error::Internal("generation ended without a finish reason".to_owned()).into())
+    }
+
+    async fn generate_stream(
+        &self,
+        request: Request<pb::GenerateRequest>,
+    ) -> Result<Response<BoxStream<pb::GenerateChunk>>, Status> {
+        let (job, with_model_logprobs) = self.job(request.get_ref())?;
+        let events = self.engine()?.generate(job)?;
+        let chunks = UnboundedReceiverStream::new(events).map(move |event| match event {
+            Ok(Event::Token { sampled, version }) => Ok(pb::GenerateChunk {
+                token_ids: vec![sampled.token],
+                logprobs: vec![sampled.logprob],
+                model_logprobs: if with_model_logprobs { vec![sampled.model_logprob] } else { Vec::new() },
+                policy_versions: vec![version],
+                ..Default::default()
+            }),
+            Ok(Event::Done { finish, prompt_tokens }) => Ok(pb::GenerateChunk {
+                finish_reason: finish_reason(finish),
+                prompt_tokens: prompt_tokens as u32,
+                ..Default::default()
+            }),
+            Err(error) => Err(Status::from(error)),
+        });
+        Ok(Response::new(Box::pin(chunks)))
+    }
+
+    async fn update_weights(
+        &self,
+        request: Request<Streaming<pb::UpdateWeightsRequest>>,
+    ) -> Result<Response<pb::UpdateWeightsResponse>, Status> {
+        let engine = self.engine()?;
+        let mut stream = request.into_inner();
+        let header = match stream.message().await?.and_then(|m| m.part) {
+            Some(pb::update_weights_request::Part::Header(header)) => header,
+            _ => return Err(Error::InvalidArgument("the first message must be a WeightsHeader".to_owned()).into()),
+        };
+        let started = Instant::now();
+        let mut bytes_received = 0u64;
+        let weights = if !header.checkpoint_uri.is_empty() {
+            if header.checkpoint_uri.starts_with("s3://") {
+                return Err(Error::InvalidArgument(format!(
+                    "checkpoint_uri {:?}: only local directories are loaded by this version",
+                    header.checkpoint_uri
+                ))
+                .into());
+            }
+            Weights::Checkpoint(header.checkpoint_uri.clone().into())
+        } else {
+            // name -> (kind, element size, shape, bytes so far)
+            let mut buffers: HashMap<String, (Kind, usize, Vec<i64>, Vec<u8>)> = HashMap::new();
+            while let Some(message) = stream.message().await? {
+                let Some(pb::update_weights_request::Part::Tensor(chunk)) = message.part else {
+                    return Err(Error::InvalidArgument("only one WeightsHeader may be sent".to_owned()).into());
+                };
+                let (kind, size) = dtype(chunk.dtype)?;
+                let shape: Vec<i64> = chunk.shape.iter().map(|&d| d as i64).collect();
+                let entry =
+                    buffers.entry(chunk.name.clone()).or_insert_with(|| (kind, size, shape.clone(), Vec::new()));
+                if entry.3.len() as u64 != chunk.byte_offset || entry.2 != shape || entry.0 != kind {
+                    return Err(Error::InvalidArgument(format!(
+                        "tensor {:?}: chunk at byte_offset {} does not continue the {} bytes received (or changes shape/dtype)",
+                        chunk.name,
+                        chunk.byte_offset,
+                        entry.3.len()
+                    ))
+                    .into());
+                }
+                bytes_received += chunk.data.len() as u64;
+                entry.3.extend_from_slice(&chunk.data);
+            }
+            if buffers.len() != header.tensor_count as usize {
+                return Err(Error::InvalidArgument(format!(
+                    "header announced tensor_count {} but {} tensors arrived",
+                    header.tensor_count,
+                    buffers.len()
+                ))
+                .into());
+            }
+            let mut tensors = Vec::with_capacity(buffers.len());
+            for (name, (kind, size, shape, data)) in buffers {
+                let expected = shape.iter().product::<i64>() as usize * size;
+                if data.len() != expected {
+                    return Err(Error::InvalidArgument(format!(
+                        "tensor {name:?}: {} bytes for shape {shape:?} ({expected} expected)",
+                        data.len()
+                    ))
+                    .into());
+                }
+                let tensor = Tensor::from_data_size(&data, &shape, kind);
+                tensors.push((name, tensor));
+            }
+            Weights::Tensors(tensors)
+        };
+        let tensors_updated = match &weights {
+            Weights::Tensors(tensors) => tensors.len() as u32,
+            Weights::Checkpoint(_) => 0,
+        };
+        let version = engine.update(header.version, weights).await?;
+        Ok(Response::new(pb::UpdateWeightsResponse {
+            version,
+            tensors_updated,
+            bytes_received,
+            swap_micros: started.elapsed().as_micros() as u64,
+        }))
+    }
+
+    async fn get_model_info(&self, _: Request<pb::GetModelInfoRequest>) -> Result<Response<pb::ModelInfo>, Status> {
+        let facts = self.engine()?.facts().await?;
+        Ok(Response::new(pb::ModelInfo {
+            model_id: facts.model_id,
+            architecture: facts.architecture,
+            num_parameters: facts.num_parameters,
+            dtype: if facts.kind == Kind::BFloat16 { pb::DType::DtypeBf16 as i32 } else { pb::DType::DtypeF32 as i32 },
+            device: sleuth_torch::device_name(facts.device),
+            vocab_size: facts.vocab_size,
+            max_position_embeddings: facts.max_position_embeddings,
+            eos_token_ids: facts.eos_token_ids,
+            policy_version: facts.version,
+            kv_cache_budget_tokens: facts.kv_budget_tokens,
+            libtorch_version: String::new(),
+        }))
+    }
+}

@@ -1,0 +1,236 @@
+//! The real policy server on an ephemeral port, serving SmolLM2-135M-Instruct
+//! (imported by `make setup`): generation, continuous batching, seeds,
+//! weight updates and bad input.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use sleuth_kit::client::{MeshChannel, connect};
+use sleuth_proto::common::v1::SamplingParams;
+use sleuth_proto::policy::v1 as pb;
+use sleuth_proto::policy::v1::policy_server_client::PolicyServerClient;
+use tonic::Code;
+
+/// "What is the capital of France?" in SmolLM2's chat template, and the
+/// greedy answer transformers generates for it ("The capital of France is Paris.<|im_end|>").
+const PROMPT: [u32; 37] = [
+    1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 308, 34519, 28, 7018, 411, 407, 19712, 8182, 2, 198,
+    1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198,
+];
+const ANSWER: [u32; 8] = [504, 3575, 282, 4649, 314, 7042, 30, 2];
+
+fn model() -> Option<PathBuf> {
+    let dir = sleuth_testkit::cache_dir().ok()?.join("models/smollm2-135m-instruct");
+    if dir.join("config.json").is_file() {
+        Some(dir)
+    } else {
+        eprintln!("SKIP: {} missing; run `make setup`", dir.display());
+        None
+    }
+}
+
+struct Server {
+    addr: String,
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+async fn start(extra: &[&str]) -> Result<Option<Server>> {
+    let Some(dir) = model() else { return Ok(None) };
+    let mut args =
+        vec!["policy-server", "--listen", "127.0.0.1:0", "--device", "cpu", "--model", dir.to_str().context("utf-8")?];
+    args.extend_from_slice(extra);
+    let config = policy_server::Config::try_parse_from(args)?;
+    let listener = tokio::net::TcpListener::bind(config.listen).await?;
+    let addr = listener.local_addr()?.to_string();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(policy_server::run(config, listener, async {
+        let _ = stopped.await;
+    }));
+    let server = Server { addr, _stop: stop };
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        match client(&server).await?.get_model_info(pb::GetModelInfoRequest {}).await {
+            Ok(_) => return Ok(Some(server)),
+            Err(status) if Instant::now() < deadline && status.code() == Code::ResourceExhausted => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(status) => anyhow::bail!("server never became ready: {status:?}"),
+        }
+    }
+}
+
+async fn client(server: &Server) -> Result<PolicyServerClient<MeshChannel>> {
+    Ok(PolicyServerClient::new(connect(&server.addr, None, Duration::from_secs(5)).await?))
+}
+
+fn request(prompt: &[u32], temperature: f32, seed: u64, max_new_tokens: u32) -> pb::GenerateRequest {
+    pb::GenerateRequest {
+        request_id: String::new(),
+        session_id: String::new(),
+        prompt_token_ids: prompt.to_vec(),
+        sampling: Some(SamplingParams {
+            temperature: Some(temperature),
+            seed: Some(seed),
+            max_new_tokens,
+            ..Default::default()
+        }),
+        return_model_logprobs: true,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn greedy_answer_batching_and_seeds() -> Result<()> {
+    let Some(server) = start(&[]).await? else { return Ok(()) };
+    let mut policy = client(&server).await?;
+
+    let info = policy.get_model_info(pb::GetModelInfoRequest {}).await?.into_inner();
+    assert_eq!((info.architecture.as_str(), info.vocab_size, info.policy_version), ("llama", 49152, 0));
+
+    let answer = policy.generate(request(&PROMPT, 0.0, 0, 24)).await?.into_inner();
+    assert_eq!(answer.token_ids, ANSWER, "the greedy answer transformers gives");
+    assert_eq!(answer.finish_reason, pb::FinishReason::Stop as i32);
+    assert!(answer.logprobs.iter().all(|&l| l == 0.0), "greedy behaviour logprobs are 0");
+    assert!(answer.model_logprobs.iter().all(|&l| l < 0.0 && l > -5.0), "{:?}", answer.model_logprobs);
+
+    // Different prompts and lengths decoded together give what each gives alone.
+    let prompts: Vec<Vec<u32>> = vec![PROMPT.to_vec(), PROMPT[..20].to_vec(), PROMPT[5..].to_vec(), vec![1, 504, 3575]];
+    let mut alone = Vec::new();
+    for prompt in &prompts {
+        alone.push(policy.generate(request(prompt, 0.0, 0, 12)).await?.into_inner());
+    }
+    let sampled_alone = policy.generate(request(&PROMPT, 0.9, 1234, 16)).await?.into_inner();
+    let mut together = Vec::new();
+    for prompt in prompts.clone() {
+        let mut policy = client(&server).await?;
+        together.push(tokio::spawn(async move { policy.generate(request(&prompt, 0.0, 0, 12)).await }));
+    }
+    let mut seeded = client(&server).await?;
+    let sampled_together = tokio::spawn(async move { seeded.generate(request(&PROMPT, 0.9, 1234, 16)).await });
+    for (index, call) in together.into_iter().enumerate() {
+        let batched = call.await??.into_inner();
+        assert_eq!(batched.token_ids, alone[index].token_ids, "prompt {index}: tokens");
+        for (a, b) in batched.model_logprobs.iter().zip(&alone[index].model_logprobs) {
+            assert!((a - b).abs() < 1e-4, "prompt {index}: logprob {a} alone {b}");
+        }
+    }
+    let sampled_together = sampled_together.await??.into_inner();
+    assert_eq!(sampled_together.token_ids, sampled_alone.token_ids, "a seed reproduces its draws in any batch");
+    assert!(sampled_alone.logprobs.iter().all(|&l| l <= 0.0) && sampled_alone.logprobs.iter().any(|&l| l < 0.0));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_is_invalid_argument_naming_the_field() -> Result<()> {
+    let Some(server) = start(&[]).await? else { return Ok(()) };
+    let mut policy = client(&server).await?;
+    for (request, needle) in [
+        (request(&[1, 60_000], 0.0, 0, 4), "prompt_token_ids[1] = 60000 is outside the vocabulary"),
+        (request(&[], 0.0, 0, 4), "prompt_token_ids must not be empty"),
+        (request(&[1, 2], 0.0, 0, 0), "max_new_tokens must be at least 1, got 0"),
+        (request(&[1, 2], 0.0, 0, 9000), "exceeds the context of 8192 tokens"),
+        (request(&[1, 2], -1.0, 0, 4), "sampling.temperature"),
+    ] {
+        let status = policy.generate(request).await.unwrap_err();
+        assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+        assert!(status.message().contains(needle), "{:?} lacks {needle:?}", status.message());
+    }
+    Ok(())
+}
+
+fn header(version: u64, tensor_count: u32) -> pb::UpdateWeightsRequest {
+    pb::UpdateWeightsRequest {
+        part: Some(pb::update_weights_request::Part::Header(pb::WeightsHeader {
+            version,
+            tensor_count,
+            checkpoint_uri: String::new(),
+        })),
+    }
+}
+
+fn tensor(name: &str, shape: &[u64], values: &[f32]) -> pb::UpdateWeightsRequest {
+    pb::UpdateWeightsRequest {
+        part: Some(pb::update_weights_request::Part::Tensor(pb::TensorChunk {
+            name: name.into(),
+            dtype: pb::DType::DtypeF32 as i32,
+            shape: shape.to_vec(),
+            byte_offset: 0,
+            data: values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        })),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn weight_updates_are_validated_versioned_and_swap_between_tokens() -> Result<()> {
+    let Some(server) = start(&[]).await? else { return Ok(()) };
+    let mut policy = client(&server).await?;
+    let norm = vec![1.0f32; 576];
+
+    let stale =
+        policy.update_weights(tokio_stream::iter(vec![header(0, 1), tensor("model.norm.weight", &[576], &norm)])).await;
+    assert_eq!(stale.unwrap_err().code(), Code::FailedPrecondition);
+    let unknown =
+        policy.update_weights(tokio_stream::iter(vec![header(1, 1), tensor("model.nope.weight", &[576], &norm)])).await;
+    let unknown = unknown.unwrap_err();
+    assert!(unknown.code() == Code::InvalidArgument && unknown.message().contains("model.nope.weight"), "{unknown:?}");
+    let shape = policy
+        .update_weights(tokio_stream::iter(vec![header(1, 1), tensor("model.norm.weight", &[2, 288], &norm)]))
+        .await;
+    assert!(shape.unwrap_err().message().contains("[2, 288]"));
+
+    // A long generation across an update: tokens before it carry version 0, after it version 1.
+    let mut stream =
+        client(&server).await?.generate_stream(request(&[1, 504, 3575, 282], 1.0, 7, 48)).await?.into_inner();
+    let mut versions = Vec::new();
+    while let Some(chunk) = stream.message().await? {
+        versions.extend(chunk.policy_versions);
+        if versions.len() == 4 {
+            let updated = policy
+                .update_weights(tokio_stream::iter(vec![header(1, 1), tensor("model.norm.weight", &[576], &norm)]))
+                .await?
+                .into_inner();
+            assert_eq!((updated.version, updated.tensors_updated), (1, 1));
+        }
+    }
+    assert!(versions.windows(2).all(|w| w[0] <= w[1]), "{versions:?}");
+    assert_eq!(versions.first(), Some(&0));
+    if versions.len() > 6 {
+        assert_eq!(versions.last(), Some(&1), "{versions:?}");
+    }
+    assert_eq!(policy.get_model_info(pb::GetModelInfoRequest {}).await?.into_inner().policy_version, 1);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_kv_budget_queues_requests_and_a_full_queue_refuses_them() -> Result<()> {
+    // Each request reserves 37 + 8 = 45 tokens; the budget fits one at a time.
+    let Some(server) = start(&["--kv-budget-tokens", "60", "--max-queue", "4"]).await? else { return Ok(()) };
+    let mut calls = Vec::new();
+    for _ in 0..4 {
+        let mut policy = client(&server).await?;
+        calls.push(tokio::spawn(async move { policy.generate(request(&PROMPT, 0.0, 0, 8)).await }));
+    }
+    for call in calls {
+        assert_eq!(call.await??.into_inner().token_ids, ANSWER[..8]);
+    }
+    let too_big = client(&server).await?.generate(request(&PROMPT, 0.0, 0, 30)).await.unwrap_err();
+    assert!(too_big.code() == Code::InvalidArgument && too_big.message().contains("KV budget of 60"), "{too_big:?}");
+    let mut calls = Vec::new();
+    for _ in 0..12 {
+        let mut policy = client(&server).await?;
+        calls.push(tokio::spawn(async move { policy.generate(request(&PROMPT, 0.0, 0, 8)).await }));
+    }
+    let mut refused = 0;
+    for call in calls {
+        match call.await? {
+            Ok(_) => {}
+            Err(status) => {
+                assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+                refused += 1;
+            }
+        }
+    }
+    assert!(refused > 0, "12 requests against a queue of 4 were all accepted");
+    Ok(())
+}
