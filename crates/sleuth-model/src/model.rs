@@ -301,6 +301,23 @@ impl BatchCache {
         Ok(row as usize)
     }
 
+    /// A copy of `row`'s keys and values as a one-sequence cache, to keep
+    /// after the sequence leaves the batch (prefix reuse).
+    pub fn extract(&self, row: usize) -> KvCache {
+        let length = self.lengths[row];
+        let layers = self
+            .layers
+            .iter()
+            .map(|layer| LayerCache {
+                kv: Some((
+                    layer.k.get(row as i64).narrow(1, 0, length).unsqueeze(0).copy(),
+                    layer.v.get(row as i64).narrow(1, 0, length).unsqueeze(0).copy(),
+                )),
+            })
+            .collect();
+        KvCache { layers, length }
+    }
+
     /// Removes `row`, moving the last active row into its place (the caller
     /// renumbers that sequence to `row`).
     pub fn remove(&mut self, row: usize) {
@@ -338,6 +355,19 @@ impl KvCache {
 
     pub fn is_empty(&self) -> bool {
         self.length == 0
+    }
+
+    /// Keeps only the first `length` positions (a shorter shared prefix).
+    pub fn truncate(&mut self, length: i64) {
+        if length >= self.length {
+            return;
+        }
+        for layer in &mut self.layers {
+            if let Some((k, v)) = layer.kv.take() {
+                layer.kv = Some((k.narrow(2, 0, length), v.narrow(2, 0, length)));
+            }
+        }
+        self.length = length;
     }
 }
 

@@ -163,3 +163,27 @@ fn batched_decoding_matches_each_sequence_alone() -> Result<()> {
     }
     Ok(())
 }
+
+/// A cache kept after a sequence leaves the batch, truncated to a shared
+/// prefix, continues exactly like a fresh prefill (prefix reuse).
+#[test]
+fn extracted_and_truncated_caches_continue_like_a_fresh_prefill() -> Result<()> {
+    let models = golden_models()?;
+    let (model, _vars, golden) = load(&models.path().join("qwen3"))?;
+    let ids = golden["input_ids"].get(0);
+    tch::no_grad(|| -> Result<()> {
+        let mut cache = KvCache::new(&model.config);
+        let _ = model.forward_with_cache(&ids.narrow(0, 0, 6).unsqueeze(0), &mut cache);
+        let mut batch = sleuth_model::BatchCache::new(&model.config, 2, tch::Kind::Float, Device::Cpu);
+        batch.insert(&cache).map_err(anyhow::Error::msg)?;
+        let _ = model.decode_step(&[ids.int64_value(&[6])], &mut batch);
+        let mut kept = batch.extract(0);
+        assert_eq!(kept.len(), 7);
+        kept.truncate(5);
+        let continued = model.forward_with_cache(&ids.narrow(0, 5, 7).unsqueeze(0), &mut kept);
+        let fresh = model.forward(&ids.unsqueeze(0), None).narrow(1, 5, 7);
+        let diff = max_diff(&continued, &fresh);
+        ensure!(diff < TOLERANCE, "reused prefix: max |diff| {diff}");
+        Ok(())
+    })
+}

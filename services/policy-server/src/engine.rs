@@ -23,6 +23,8 @@ use crate::error::Error;
 /// A validated generation request.
 #[derive(Debug, Clone)]
 pub struct Job {
+    /// Turns of one episode share a session so their common prefix is reused; empty = none.
+    pub session: String,
     pub prompt: Vec<i64>,
     pub sampling: Sampling,
     pub seed: u64,
@@ -41,7 +43,7 @@ pub enum Finish {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
     Token { sampled: Sampled, version: u64 },
-    Done { finish: Finish, prompt_tokens: usize },
+    Done { finish: Finish, prompt_tokens: usize, cached_prompt_tokens: usize },
 }
 
 /// Facts about the served model.
@@ -80,6 +82,8 @@ pub struct Limits {
     pub kv_budget_tokens: usize,
     /// Requests waiting beyond the batch.
     pub max_queue: usize,
+    /// Tokens of finished sequences kept for prefix reuse (0 disables it).
+    pub prefix_cache_tokens: usize,
 }
 
 /// Handle to the scheduler; cheap to clone.
@@ -114,8 +118,17 @@ impl Engine {
             kv_budget_tokens: limits.kv_budget_tokens as u64,
         };
         let (commands, receiver) = mpsc::unbounded_channel();
-        let scheduler =
-            Scheduler { model, vars, facts, limits, waiting: VecDeque::new(), running: Vec::new(), reserved: 0, kind };
+        let scheduler = Scheduler {
+            model,
+            vars,
+            facts,
+            limits,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            reserved: 0,
+            kind,
+            sessions: Sessions::new(limits.prefix_cache_tokens),
+        };
         std::thread::Builder::new()
             .name("policy-scheduler".to_owned())
             .spawn(move || tch::no_grad(|| scheduler.run(receiver)))
@@ -158,7 +171,58 @@ struct Running {
     events: mpsc::UnboundedSender<Result<Event, Error>>,
     rng: Rng,
     last: i64,
-    generated: usize,
+    /// Sampled tokens so far; all but the last are in the KV cache.
+    generated: Vec<i64>,
+    /// Prompt tokens whose keys and values came from the session's cache.
+    cached_prompt: usize,
+}
+
+impl Running {
+    /// The tokens whose keys and values the sequence's cache holds.
+    fn cached_tokens(&self) -> Vec<i64> {
+        let fed = self.generated.len().saturating_sub(1);
+        self.job.prompt.iter().chain(&self.generated[..fed]).copied().collect()
+    }
+}
+
+/// Keys and values of finished turns by session, least recently used evicted
+/// first once they hold more than `budget` tokens.
+struct Sessions {
+    budget: usize,
+    held: usize,
+    entries: VecDeque<(String, Vec<i64>, KvCache)>,
+}
+
+impl Sessions {
+    fn new(budget: usize) -> Self {
+        Self { budget, held: 0, entries: VecDeque::new() }
+    }
+
+    fn take(&mut self, session: &str) -> Option<(Vec<i64>, KvCache)> {
+        let index = self.entries.iter().position(|(key, _, _)| key == session)?;
+        let (_, tokens, cache) = self.entries.remove(index)?;
+        self.held -= tokens.len();
+        Some((tokens, cache))
+    }
+
+    fn keep(&mut self, session: &str, tokens: Vec<i64>, cache: KvCache) {
+        if session.is_empty() || tokens.len() > self.budget {
+            return;
+        }
+        let _ = self.take(session);
+        self.held += tokens.len();
+        self.entries.push_back((session.to_owned(), tokens, cache));
+        while self.held > self.budget {
+            let Some((_, tokens, _)) = self.entries.pop_front() else { break };
+            self.held -= tokens.len();
+        }
+    }
+
+    /// Cached keys and values belong to the weights that computed them.
+    fn clear(&mut self) {
+        self.entries.clear();
+        self.held = 0;
+    }
 }
 
 struct Scheduler {
@@ -172,6 +236,7 @@ struct Scheduler {
     /// KV tokens reserved by running sequences.
     reserved: usize,
     kind: Kind,
+    sessions: Sessions,
 }
 
 impl Scheduler {
@@ -260,6 +325,7 @@ impl Scheduler {
             }
         }
         self.facts.version = version;
+        self.sessions.clear();
         tracing::info!(version, "weights updated");
         Ok(version)
     }
@@ -275,13 +341,24 @@ impl Scheduler {
             if events.is_closed() {
                 continue;
             }
-            let mut cache = KvCache::new(&self.model.config);
-            let logits = self.model.forward_with_cache(
-                &Tensor::from_slice(&job.prompt).to_device(self.facts.device).unsqueeze(0),
-                &mut cache,
-            );
-            let mut running = Running { rng: Rng::new(job.seed), job, events, last: 0, generated: 0 };
+            // Reuse the session's cached prefix; at least the last prompt token is fed for its logits.
+            let (mut cache, cached_prompt) = match self.sessions.take(&job.session) {
+                Some((tokens, mut cache)) => {
+                    let shared =
+                        tokens.iter().zip(&job.prompt).take_while(|(a, b)| a == b).count().min(job.prompt.len() - 1);
+                    cache.truncate(shared as i64);
+                    if shared == 0 { (KvCache::new(&self.model.config), 0) } else { (cache, shared) }
+                }
+                None => (KvCache::new(&self.model.config), 0),
+            };
+            let suffix = Tensor::from_slice(&job.prompt[cached_prompt..]).to_device(self.facts.device).unsqueeze(0);
+            let logits = self.model.forward_with_cache(&suffix, &mut cache);
+            let mut running =
+                Running { rng: Rng::new(job.seed), job, events, last: 0, generated: Vec::new(), cached_prompt };
             if emit(&self.facts, &mut running, &logits.get(0).get(-1)) {
+                if self.limits.prefix_cache_tokens > 0 {
+                    self.sessions.keep(&running.job.session, running.job.prompt.clone(), cache);
+                }
                 continue;
             }
             if let Err(message) = batch.insert(&cache) {
@@ -306,6 +383,9 @@ impl Scheduler {
         for row in finished.into_iter().rev() {
             let done = self.running.swap_remove(row);
             self.reserved -= done.job.prompt.len() + done.job.max_new_tokens;
+            if !done.job.session.is_empty() && self.limits.prefix_cache_tokens > 0 {
+                self.sessions.keep(&done.job.session, done.cached_tokens(), batch.extract(row));
+            }
             batch.remove(row);
         }
     }
@@ -316,13 +396,17 @@ impl Scheduler {
 fn emit(facts: &ModelFacts, running: &mut Running, logits: &Tensor) -> bool {
     let sampled = sample(logits, &running.job.sampling, &mut running.rng);
     running.last = i64::from(sampled.token);
-    running.generated += 1;
+    running.generated.push(running.last);
     let _ = running.events.send(Ok(Event::Token { sampled, version: facts.version }));
     let stopped = running.job.stop_tokens.contains(&sampled.token) || facts.eos_token_ids.contains(&sampled.token);
-    let length = running.generated >= running.job.max_new_tokens;
+    let length = running.generated.len() >= running.job.max_new_tokens;
     if stopped || length {
         let finish = if stopped { Finish::Stop } else { Finish::Length };
-        let _ = running.events.send(Ok(Event::Done { finish, prompt_tokens: running.job.prompt.len() }));
+        let _ = running.events.send(Ok(Event::Done {
+            finish,
+            prompt_tokens: running.job.prompt.len(),
+            cached_prompt_tokens: running.cached_prompt,
+        }));
         return true;
     }
     running.events.is_closed()

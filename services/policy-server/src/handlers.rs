@@ -72,6 +72,7 @@ impl Handlers {
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
         });
         let job = Job {
+            session: request.session_id.clone(),
             prompt: request.prompt_token_ids.iter().map(|&id| i64::from(id)).collect(),
             sampling,
             seed,
@@ -114,9 +115,10 @@ impl PolicyServer for Handlers {
                     }
                     response.policy_versions.push(version);
                 }
-                Event::Done { finish, prompt_tokens } => {
+                Event::Done { finish, prompt_tokens, cached_prompt_tokens } => {
                     response.finish_reason = finish_reason(finish);
                     response.prompt_tokens = prompt_tokens as u32;
+                    response.cached_prompt_tokens = cached_prompt_tokens as u32;
                     return Ok(Response::new(response));
                 }
             }
@@ -138,9 +140,10 @@ impl PolicyServer for Handlers {
                 policy_versions: vec![version],
                 ..Default::default()
             }),
-            Ok(Event::Done { finish, prompt_tokens }) => Ok(pb::GenerateChunk {
+            Ok(Event::Done { finish, prompt_tokens, cached_prompt_tokens }) => Ok(pb::GenerateChunk {
                 finish_reason: finish_reason(finish),
                 prompt_tokens: prompt_tokens as u32,
+                cached_prompt_tokens: cached_prompt_tokens as u32,
                 ..Default::default()
             }),
             Err(error) => Err(Status::from(error)),

@@ -6,8 +6,7 @@
 //! - [`handlers`] is the gRPC surface: `Generate`, `GenerateStream`,
 //!   `UpdateWeights`, `GetModelInfo`.
 //!
-//! Not yet here: prefix reuse across turns (every prompt is prefilled in full)
-//! and metrics.
+//! Not yet here: metrics.
 
 pub mod engine;
 pub mod error;
@@ -65,6 +64,11 @@ pub struct Config {
     #[arg(long, env = "SLEUTH_MAX_QUEUE", default_value_t = 256)]
     pub max_queue: u32,
 
+    /// Tokens of finished turns kept for prefix reuse by session (least recently used
+    /// evicted first; 0 disables reuse).
+    #[arg(long, env = "SLEUTH_PREFIX_CACHE_TOKENS", default_value_t = 65536)]
+    pub prefix_cache_tokens: u32,
+
     #[command(flatten)]
     pub serve: ServeArgs,
 
@@ -103,6 +107,7 @@ pub async fn run(
         max_batch: config.max_batch as usize,
         kv_budget_tokens: config.kv_budget_tokens as usize,
         max_queue: config.max_queue as usize,
+        prefix_cache_tokens: config.prefix_cache_tokens as usize,
     };
     let engine: Arc<OnceLock<Result<Engine, String>>> = Arc::default();
     let loading = engine.clone();

@@ -234,3 +234,55 @@ async fn a_small_kv_budget_queues_requests_and_a_full_queue_refuses_them() -> Re
     assert!(refused > 0, "12 requests against a queue of 4 were all accepted");
     Ok(())
 }
+
+fn turn(session: &str, prompt: &[u32], max_new_tokens: u32) -> pb::GenerateRequest {
+    pb::GenerateRequest { session_id: session.into(), ..request(prompt, 0.0, 0, max_new_tokens) }
+}
+
+/// The next turn's prompt: the previous prompt and answer, then a new user message.
+fn second_turn() -> Vec<u32> {
+    let user: [u32; 17] = [198, 1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198];
+    PROMPT.iter().chain(&ANSWER).chain(&user).copied().collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn later_turns_reuse_the_cached_prefix_and_answer_the_same() -> Result<()> {
+    let Some(server) = start(&[]).await? else { return Ok(()) };
+    let mut policy = client(&server).await?;
+    let first = policy.generate(turn("episode-1", &PROMPT, 8)).await?.into_inner();
+    assert_eq!((first.token_ids.as_slice(), first.cached_prompt_tokens), (&ANSWER[..], 0));
+
+    let reused = policy.generate(turn("episode-1", &second_turn(), 12)).await?.into_inner();
+    // Prompt and answer were cached, except the answer's last token, which was never fed.
+    assert_eq!(reused.cached_prompt_tokens as usize, PROMPT.len() + ANSWER.len() - 1);
+    let fresh = policy.generate(turn("", &second_turn(), 12)).await?.into_inner();
+    assert_eq!(fresh.cached_prompt_tokens, 0);
+    assert_eq!(reused.token_ids, fresh.token_ids);
+    for (a, b) in reused.model_logprobs.iter().zip(&fresh.model_logprobs) {
+        assert!((a - b).abs() < 1e-4, "{a} vs {b}");
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prefix_caches_are_evicted_under_pressure_and_dropped_on_weight_updates() -> Result<()> {
+    // Room for one finished turn (44 tokens) at a time.
+    let Some(server) = start(&["--prefix-cache-tokens", "50"]).await? else { return Ok(()) };
+    let mut policy = client(&server).await?;
+    policy.generate(turn("a", &PROMPT, 8)).await?;
+    policy.generate(turn("b", &PROMPT, 8)).await?;
+    assert_eq!(
+        policy.generate(turn("a", &second_turn(), 4)).await?.into_inner().cached_prompt_tokens,
+        0,
+        "a was evicted"
+    );
+    policy.generate(turn("c", &PROMPT, 8)).await?;
+    let norm = vec![1.0f32; 576];
+    policy.update_weights(tokio_stream::iter(vec![header(1, 1), tensor("model.norm.weight", &[576], &norm)])).await?;
+    assert_eq!(
+        policy.generate(turn("c", &second_turn(), 4)).await?.into_inner().cached_prompt_tokens,
+        0,
+        "keys and values of old weights are not reused"
+    );
+    Ok(())
+}
