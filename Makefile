@@ -45,6 +45,7 @@ demo: build
 # Benchmarks against the named peers, in release mode; they print ratios.
 bench: setup
 	cargo bench -p tool-gateway --bench retrieval
+	cargo bench -p policy-server --bench generation
 
 # Code generation runs in crates/sleuth-proto/build.rs; this only forces it.
 proto: setup

@@ -216,14 +216,16 @@ impl RowLayer {
     /// Writes one new key/value per active row at its length and returns the
     /// active rows' keys and values up to the longest row.
     fn write(&mut self, k: Tensor, v: Tensor, lengths: &[i64]) -> (Tensor, Tensor) {
-        for (row, &length) in lengths.iter().enumerate() {
-            let row = row as i64;
-            self.k.get(row).narrow(1, length, 1).copy_(&k.get(row));
-            self.v.get(row).narrow(1, length, 1).copy_(&v.get(row));
-        }
-        let rows = lengths.len() as i64;
+        // One scatter per tensor: row r's new position goes to index lengths[r].
+        let device = self.k.device();
+        let rows = Tensor::arange(lengths.len() as i64, (Kind::Int64, device));
+        let positions = Tensor::from_slice(lengths).to_device(device);
+        let index = [Some(rows), None, Some(positions)];
+        let _ = self.k.index_put_(&index, &k.squeeze_dim(2), false);
+        let _ = self.v.index_put_(&index, &v.squeeze_dim(2), false);
+        let active = lengths.len() as i64;
         let keys = lengths.iter().max().map_or(0, |l| l + 1);
-        (self.k.narrow(0, 0, rows).narrow(2, 0, keys), self.v.narrow(0, 0, rows).narrow(2, 0, keys))
+        (self.k.narrow(0, 0, active).narrow(2, 0, keys), self.v.narrow(0, 0, active).narrow(2, 0, keys))
     }
 }
 

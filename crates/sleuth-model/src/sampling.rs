@@ -72,6 +72,31 @@ impl Rng {
     }
 }
 
+/// Samples the next token of every row of `logits` ([rows, vocab]), each row
+/// with its own parameters and generator. Greedy rows are decided in one
+/// batched pass; the others are sampled row by row.
+pub fn sample_rows(logits: &Tensor, rows: &mut [(&Sampling, &mut Rng)]) -> Vec<Sampled> {
+    let logits = logits.to_kind(Kind::Float);
+    let model_logprobs = logits.log_softmax(-1, Kind::Float);
+    let greedy = Vec::<i64>::try_from(logits.argmax(-1, false)).unwrap_or_default();
+    let greedy_logprobs = Vec::<f32>::try_from(
+        model_logprobs
+            .gather(1, &Tensor::from_slice(&greedy).to_device(logits.device()).unsqueeze(1), false)
+            .squeeze_dim(1),
+    )
+    .unwrap_or_default();
+    rows.iter_mut()
+        .enumerate()
+        .map(|(row, (sampling, rng))| {
+            if sampling.temperature == 0.0 {
+                Sampled { token: greedy[row] as u32, logprob: 0.0, model_logprob: greedy_logprobs[row] }
+            } else {
+                sample(&logits.get(row as i64), sampling, rng)
+            }
+        })
+        .collect()
+}
+
 /// Samples from one row of logits ([vocab], any float kind).
 pub fn sample(logits: &Tensor, sampling: &Sampling, rng: &mut Rng) -> Sampled {
     let logits = logits.to_kind(Kind::Float);
@@ -180,6 +205,19 @@ mod tests {
         let zeros = (0..n).filter(|_| sample(&logits(), &sampling, &mut rng).token == 0).count();
         let expected = logits().softmax(-1, Kind::Float).double_value(&[0]);
         assert!((zeros as f64 / n as f64 - expected).abs() < 0.03);
+    }
+
+    #[test]
+    fn batched_rows_sample_like_single_rows() {
+        let logits = Tensor::stack(&[logits(), logits().flip([0]), logits() * 0.5], 0);
+        let greedy = Sampling { temperature: 0.0, ..Default::default() };
+        let warm = Sampling { temperature: 0.8, top_k: 4, top_p: 0.95 };
+        let (mut a, mut b, mut c) = (Rng::new(1), Rng::new(2), Rng::new(3));
+        let batched = sample_rows(&logits, &mut [(&greedy, &mut a), (&warm, &mut b), (&greedy, &mut c)]);
+        let (mut b2, mut c2) = (Rng::new(2), Rng::new(3));
+        assert_eq!(batched[0], sample(&logits.get(0), &greedy, &mut Rng::new(1)));
+        assert_eq!(batched[1], sample(&logits.get(1), &warm, &mut b2));
+        assert_eq!(batched[2], sample(&logits.get(2), &greedy, &mut c2));
     }
 
     #[test]

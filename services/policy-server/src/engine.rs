@@ -12,7 +12,7 @@
 use std::collections::VecDeque;
 use std::path::PathBuf;
 
-use sleuth_model::sampling::{Rng, Sampled, Sampling, sample};
+use sleuth_model::sampling::{Rng, Sampled, Sampling, sample, sample_rows};
 use sleuth_model::{BatchCache, Config, KvCache, Model, load_weights};
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
@@ -373,9 +373,14 @@ impl Scheduler {
     fn step(&mut self, batch: &mut BatchCache) {
         let tokens: Vec<i64> = self.running.iter().map(|r| r.last).collect();
         let logits = self.model.decode_step(&tokens, batch);
+        let sampled = {
+            let mut rows: Vec<(&Sampling, &mut Rng)> =
+                self.running.iter_mut().map(|r| (&r.job.sampling, &mut r.rng)).collect();
+            sample_rows(&logits, &mut rows)
+        };
         let mut finished = Vec::new();
-        for (row, running) in self.running.iter_mut().enumerate() {
-            if emit(&self.facts, running, &logits.get(row as i64)) {
+        for (row, (running, sampled)) in self.running.iter_mut().zip(sampled).enumerate() {
+            if record(&self.facts, running, sampled) {
                 finished.push(row);
             }
         }
@@ -395,6 +400,11 @@ impl Scheduler {
 /// the sequence is finished (stop token, length, or the caller went away).
 fn emit(facts: &ModelFacts, running: &mut Running, logits: &Tensor) -> bool {
     let sampled = sample(logits, &running.job.sampling, &mut running.rng);
+    record(facts, running, sampled)
+}
+
+/// Sends a sampled token; true when the sequence is finished.
+fn record(facts: &ModelFacts, running: &mut Running, sampled: Sampled) -> bool {
     running.last = i64::from(sampled.token);
     running.generated.push(running.last);
     let _ = running.events.send(Ok(Event::Token { sampled, version: facts.version }));
