@@ -73,6 +73,9 @@ enum Command {
     Facts { reply: oneshot::Sender<ModelFacts> },
 }
 
+/// Padded tokens prefilled together at most when several requests join at once.
+const PREFILL_TOKENS: usize = 8192;
+
 /// Limits of the scheduler.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
@@ -330,44 +333,91 @@ impl Scheduler {
         Ok(version)
     }
 
+    /// Admits waiting requests that fit, prefilling those without a reusable
+    /// session prefix together (right-padded, in groups of at most
+    /// [`PREFILL_TOKENS`] padded tokens) and the others on top of their prefix.
     fn admit(&mut self, batch: &mut BatchCache) {
-        while batch.active() < batch.slots() {
-            let Some(next) = self.waiting.front() else { return };
+        let mut admitted = Vec::new();
+        let mut reserved = self.reserved;
+        while batch.active() + admitted.len() < batch.slots() {
+            let Some(next) = self.waiting.front() else { break };
             let need = next.job.prompt.len() + next.job.max_new_tokens;
-            if self.reserved + need > self.limits.kv_budget_tokens && !self.running.is_empty() {
-                return; // wait for running sequences to finish and free their reservation
+            if reserved + need > self.limits.kv_budget_tokens && !(self.running.is_empty() && admitted.is_empty()) {
+                break; // wait for running sequences to finish and free their reservation
             }
-            let Waiting { job, events } = self.waiting.pop_front().expect("front exists");
-            if events.is_closed() {
-                continue;
+            let waiting = self.waiting.pop_front().expect("front exists");
+            if !waiting.events.is_closed() {
+                reserved += need;
+                admitted.push(waiting);
             }
-            // Reuse the session's cached prefix; at least the last prompt token is fed for its logits.
-            let (mut cache, cached_prompt) = match self.sessions.take(&job.session) {
-                Some((tokens, mut cache)) => {
-                    let shared =
-                        tokens.iter().zip(&job.prompt).take_while(|(a, b)| a == b).count().min(job.prompt.len() - 1);
-                    cache.truncate(shared as i64);
-                    if shared == 0 { (KvCache::new(&self.model.config), 0) } else { (cache, shared) }
-                }
-                None => (KvCache::new(&self.model.config), 0),
-            };
-            let suffix = Tensor::from_slice(&job.prompt[cached_prompt..]).to_device(self.facts.device).unsqueeze(0);
-            let logits = self.model.forward_with_cache(&suffix, &mut cache);
-            let mut running =
-                Running { rng: Rng::new(job.seed), job, events, last: 0, generated: Vec::new(), cached_prompt };
-            if emit(&self.facts, &mut running, &logits.get(0).get(-1)) {
-                if self.limits.prefix_cache_tokens > 0 {
-                    self.sessions.keep(&running.job.session, running.job.prompt.clone(), cache);
-                }
-                continue;
-            }
-            if let Err(message) = batch.insert(&cache) {
-                let _ = running.events.send(Err(Error::Internal(message)));
-                continue;
-            }
-            self.reserved += need;
-            self.running.push(running);
         }
+        let mut fresh = Vec::new();
+        for Waiting { job, events } in admitted {
+            // Reuse the session's cached prefix; at least the last prompt token is fed for its logits.
+            let reusable = self.sessions.take(&job.session).and_then(|(tokens, mut cache)| {
+                let shared =
+                    tokens.iter().zip(&job.prompt).take_while(|(a, b)| a == b).count().min(job.prompt.len() - 1);
+                cache.truncate(shared as i64);
+                (shared > 0).then_some((cache, shared))
+            });
+            match reusable {
+                Some((mut cache, shared)) => {
+                    let suffix = Tensor::from_slice(&job.prompt[shared..]).to_device(self.facts.device).unsqueeze(0);
+                    let logits = self.model.extend(&suffix, &mut cache);
+                    self.start(job, events, cache, shared, &logits.get(0), batch);
+                }
+                None => fresh.push((job, events)),
+            }
+        }
+        fresh.sort_by_key(|(job, _)| job.prompt.len());
+        while !fresh.is_empty() {
+            // The longest prefix of the (length-sorted) list whose padded size fits a group.
+            let count = (1..=fresh.len())
+                .take_while(|&n| n * fresh[n - 1].0.prompt.len() <= PREFILL_TOKENS)
+                .last()
+                .unwrap_or(1);
+            let group: Vec<_> = fresh.drain(..count).collect();
+            let longest = group.iter().map(|(job, _)| job.prompt.len()).max().unwrap_or(0);
+            let lengths: Vec<i64> = group.iter().map(|(job, _)| job.prompt.len() as i64).collect();
+            let padded: Vec<i64> = group
+                .iter()
+                .flat_map(|(job, _)| job.prompt.iter().copied().chain(std::iter::repeat(0)).take(longest))
+                .collect();
+            let ids =
+                Tensor::from_slice(&padded).view([group.len() as i64, longest as i64]).to_device(self.facts.device);
+            let (logits, cache) = self.model.prefill(&ids, &lengths);
+            for (row, (job, events)) in group.into_iter().enumerate() {
+                let length = lengths[row];
+                self.start(job, events, cache.row(row, length), 0, &logits.get(row as i64), batch);
+            }
+        }
+    }
+
+    /// Samples a prefilled request's first token and, unless that ends it, adds it to the batch.
+    fn start(
+        &mut self,
+        job: Job,
+        events: mpsc::UnboundedSender<Result<Event, Error>>,
+        cache: KvCache,
+        cached_prompt: usize,
+        logits: &Tensor,
+        batch: &mut BatchCache,
+    ) {
+        let need = job.prompt.len() + job.max_new_tokens;
+        let mut running =
+            Running { rng: Rng::new(job.seed), job, events, last: 0, generated: Vec::new(), cached_prompt };
+        if emit(&self.facts, &mut running, logits) {
+            if self.limits.prefix_cache_tokens > 0 {
+                self.sessions.keep(&running.job.session, running.job.prompt.clone(), cache);
+            }
+            return;
+        }
+        if let Err(message) = batch.insert(&cache) {
+            let _ = running.events.send(Err(Error::Internal(message)));
+            return;
+        }
+        self.reserved += need;
+        self.running.push(running);
     }
 
     fn step(&mut self, batch: &mut BatchCache) {
