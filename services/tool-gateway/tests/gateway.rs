@@ -66,19 +66,23 @@ async fn client(gateway: &Gateway) -> Result<ToolGatewayClient<MeshChannel>> {
     Ok(ToolGatewayClient::new(connect(&gateway.addr, None, Duration::from_secs(5)).await?))
 }
 
-/// SciFact indexed once per test process into a temporary directory.
+/// Indexes SciFact (from `source`) into `out` with default BM25 settings, embedding it when asked.
+fn index_scifact(
+    source: &std::path::Path,
+    out: &std::path::Path,
+    vectors: Option<(&tool_gateway::embed::Encoder, tool_gateway::vectors::VectorSearch)>,
+) -> Result<()> {
+    let bm25 = tool_gateway::bm25::Bm25Options::default();
+    let beir = sleuth_beir::BeirDir::new(source);
+    tool_gateway::index::build(&beir, out, "scifact", &bm25, sleuth_beir::BadLines::Fail, vectors, &mut |_| {})?;
+    Ok(())
+}
+
+/// SciFact indexed for BM25 into a temporary directory (seconds).
 fn scifact_index(dir: &std::path::Path) -> Result<Option<String>> {
     let Some(source) = sleuth_testkit::beir_collection("scifact")? else { return Ok(None) };
     let out = dir.join("scifact-index");
-    tool_gateway::index::build(
-        &sleuth_beir::BeirDir::new(&source),
-        &out,
-        "scifact",
-        &tool_gateway::bm25::Bm25Options::default(),
-        sleuth_beir::BadLines::Fail,
-        None,
-        &mut |_| {},
-    )?;
+    index_scifact(&source, &out, None)?;
     Ok(Some(out.display().to_string()))
 }
 
@@ -206,15 +210,7 @@ fn cached_scifact_with_vectors() -> Result<Option<(std::path::PathBuf, std::path
         let scratch = tempfile::Builder::new().prefix(".scifact-").tempdir_in(&cache)?;
         let out = scratch.path().join("index");
         let encoder = tool_gateway::embed::Encoder::load(&model, tch::Device::Cpu)?;
-        tool_gateway::index::build(
-            &sleuth_beir::BeirDir::new(&source),
-            &out,
-            "scifact",
-            &tool_gateway::bm25::Bm25Options::default(),
-            sleuth_beir::BadLines::Fail,
-            Some((&encoder, tool_gateway::vectors::VectorSearch::Hnsw)),
-            &mut |_| {},
-        )?;
+        index_scifact(&source, &out, Some((&encoder, tool_gateway::vectors::VectorSearch::Hnsw)))?;
         if std::fs::rename(&out, &dir).is_err() && !dir.join("manifest.json").is_file() {
             anyhow::bail!("cannot move the SciFact test index into {}", dir.display());
         }
