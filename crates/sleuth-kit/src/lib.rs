@@ -11,6 +11,7 @@ pub mod client;
 pub mod config;
 pub mod error;
 pub mod health;
+pub mod metrics;
 pub mod serve;
 pub mod shutdown;
 pub mod stack;

@@ -86,8 +86,10 @@ pub async fn serve(
     };
     let routes = routes.add_service(reflection().build_v1()?).add_service(reflection().build_v1alpha()?);
     let guarded = stack::guard(routes.into_axum_router(), args.max_concurrent_requests as usize, token.clone());
-    // Health is added after the stack was applied, so it stays outside it.
+    // Health and metrics are added after the stack was applied, so they stay
+    // outside it: probes and scrapers need no token and get answers under load.
     let routes = Routes::from(guarded).add_service(health_server);
+    let routes = Routes::from(routes.into_axum_router().route("/metrics", axum::routing::get(crate::metrics::scrape)));
 
     tracing::info!(service = name, addr = %local_addr, auth = token.is_some(), "listening");
 
@@ -102,6 +104,8 @@ pub async fn serve(
         let _ = drain_started.send(());
     };
     let server = Server::builder()
+        // Prometheus scrapes /metrics over HTTP/1.1; gRPC stays HTTP/2.
+        .accept_http1(true)
         .timeout(args.request_timeout)
         .add_routes(routes)
         .serve_with_incoming_shutdown(TcpIncoming::from(listener), on_shutdown);

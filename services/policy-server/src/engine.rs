@@ -19,6 +19,7 @@ use tch::{Device, Kind, Tensor};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::error::Error;
+use crate::metrics::METRICS;
 
 /// A validated generation request.
 #[derive(Debug, Clone)]
@@ -258,8 +259,14 @@ impl Scheduler {
             }
             self.admit(&mut batch);
             if !self.running.is_empty() {
+                let started = std::time::Instant::now();
                 self.step(&mut batch);
+                METRICS.decode_step_seconds.observe(started.elapsed().as_secs_f64());
             }
+            METRICS.batch_size.set(self.running.len() as i64);
+            METRICS.queue_depth.set(self.waiting.len() as i64);
+            METRICS.kv_reserved_tokens.set(self.reserved as i64);
+            METRICS.prefix_cache_tokens.set(self.sessions.held as i64);
         }
     }
 
@@ -267,6 +274,7 @@ impl Scheduler {
         match command {
             Command::Generate { job, events } => {
                 if self.waiting.len() >= self.limits.max_queue {
+                    METRICS.refused_requests.inc();
                     let _ = events.send(Err(Error::Overloaded(format!(
                         "{} requests are already waiting for the batch",
                         self.waiting.len()
@@ -328,6 +336,7 @@ impl Scheduler {
             }
         }
         self.facts.version = version;
+        METRICS.policy_version.set(version as i64);
         self.sessions.clear();
         tracing::info!(version, "weights updated");
         Ok(version)
@@ -404,6 +413,8 @@ impl Scheduler {
         batch: &mut BatchCache,
     ) {
         let need = job.prompt.len() + job.max_new_tokens;
+        METRICS.prompt_tokens.inc_by(job.prompt.len() as u64);
+        METRICS.cached_prompt_tokens.inc_by(cached_prompt as u64);
         let mut running =
             Running { rng: Rng::new(job.seed), job, events, last: 0, generated: Vec::new(), cached_prompt };
         if emit(&self.facts, &mut running, logits) {
@@ -457,6 +468,7 @@ fn emit(facts: &ModelFacts, running: &mut Running, logits: &Tensor) -> bool {
 fn record(facts: &ModelFacts, running: &mut Running, sampled: Sampled) -> bool {
     running.last = i64::from(sampled.token);
     running.generated.push(running.last);
+    METRICS.generated_tokens.inc();
     let _ = running.events.send(Ok(Event::Token { sampled, version: facts.version }));
     let stopped = running.job.stop_tokens.contains(&sampled.token) || facts.eos_token_ids.contains(&sampled.token);
     let length = running.generated.len() >= running.job.max_new_tokens;

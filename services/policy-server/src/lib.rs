@@ -6,11 +6,12 @@
 //! - [`handlers`] is the gRPC surface: `Generate`, `GenerateStream`,
 //!   `UpdateWeights`, `GetModelInfo`.
 //!
-//! Not yet here: metrics.
+//! - [`metrics`] are served at `/metrics` on the gRPC port.
 
 pub mod engine;
 pub mod error;
 pub mod handlers;
+pub mod metrics;
 
 use std::future::Future;
 use std::net::SocketAddr;

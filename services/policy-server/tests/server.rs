@@ -12,6 +12,9 @@ use sleuth_proto::common::v1::SamplingParams;
 use sleuth_proto::policy::v1 as pb;
 use sleuth_proto::policy::v1::policy_server_client::PolicyServerClient;
 use tonic::Code;
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
 
 /// "What is the capital of France?" in SmolLM2's chat template, and the
 /// greedy answer transformers generates for it ("The capital of France is Paris.<|im_end|>").
@@ -49,15 +52,16 @@ async fn start(extra: &[&str]) -> Result<Option<Server>> {
         let _ = stopped.await;
     }));
     let server = Server { addr, _stop: stop };
+    // Health needs no token and turns SERVING once the model has loaded.
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
-        match client(&server).await?.get_model_info(pb::GetModelInfoRequest {}).await {
-            Ok(_) => return Ok(Some(server)),
-            Err(status) if Instant::now() < deadline && status.code() == Code::ResourceExhausted => {
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            Err(status) => anyhow::bail!("server never became ready: {status:?}"),
+        let channel = connect(&server.addr, None, Duration::from_secs(5)).await?;
+        let request = HealthCheckRequest { service: "sleuth.policy.v1.PolicyServer".into() };
+        if HealthClient::new(channel).check(request).await?.into_inner().status() == ServingStatus::Serving {
+            return Ok(Some(server));
         }
+        anyhow::ensure!(Instant::now() < deadline, "the policy server never became SERVING");
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
@@ -284,5 +288,36 @@ async fn prefix_caches_are_evicted_under_pressure_and_dropped_on_weight_updates(
         0,
         "keys and values of old weights are not reused"
     );
+    Ok(())
+}
+
+/// `GET /metrics` over HTTP/1.1 on the gRPC port, as Prometheus scrapes it.
+async fn scrape(server: &Server) -> Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(&server.addr).await?;
+    stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: policy\r\nConnection: close\r\n\r\n").await?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await?;
+    anyhow::ensure!(response.starts_with("HTTP/1.1 200"), "{response}");
+    Ok(response)
+}
+
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines().find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok()).unwrap_or(f64::NAN)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_tokens_and_prefix_hits() -> Result<()> {
+    let Some(server) = start(&["--auth-token", "metrics-test-token"]).await? else { return Ok(()) };
+    let token: sleuth_kit::BearerToken = "metrics-test-token".parse()?;
+    let mut policy = PolicyServerClient::new(connect(&server.addr, Some(&token), Duration::from_secs(5)).await?);
+    policy.generate(turn("m", &PROMPT, 8)).await?;
+    policy.generate(turn("m", &second_turn(), 4)).await?;
+    // Scraping needs no token, like health.
+    let text = scrape(&server).await?;
+    assert!(metric(&text, "sleuth_policy_generated_tokens_total") >= 12.0, "{text}");
+    assert!(metric(&text, "sleuth_policy_cached_prompt_tokens_total") >= 44.0, "{text}");
+    assert!(metric(&text, "sleuth_policy_prompt_tokens_total") >= (PROMPT.len() + second_turn().len()) as f64);
+    assert!(text.contains("sleuth_policy_decode_step_seconds_bucket"));
     Ok(())
 }
