@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Starts the whole Sleuth mesh locally (Redis + six services, authentication
-# on), shows every service healthy with `sleuth health`, then stops everything
-# with SIGTERM and reports how each service shut down.
+# on) over a small collection the demo writes itself, shows every service
+# healthy with `sleuth health`, searches the collection and asks the policy
+# (SmolLM2-135M-Instruct) a question, then stops everything with SIGTERM and
+# reports how each service shut down.
 #
 # Run through `make demo`, which builds first and sets CARGO_TARGET_DIR.
 #   SLEUTH_DEMO_BASE_PORT  first of the seven consecutive ports used (default 50051)
@@ -30,6 +32,19 @@ stop_all() {
 trap stop_all EXIT
 
 say "logs in $work"
+
+# A small BEIR collection of its own, indexed for BM25 and vector search.
+mkdir -p "$work/weather/qrels"
+cat >"$work/weather/corpus.jsonl" <<'CORPUS'
+{"_id": "rain", "title": "Rainfall", "text": "Rain forms when water droplets in clouds grow heavy enough to fall."}
+{"_id": "snow", "title": "Snow", "text": "Snowflakes are ice crystals that form in cold clouds and fall to the ground."}
+{"_id": "wind", "title": "Wind", "text": "Wind is air moving from areas of high pressure to areas of low pressure."}
+{"_id": "fog", "title": "Fog", "text": "Fog is a cloud at ground level, made of tiny water droplets suspended in air."}
+{"_id": "hail", "title": "Hail", "text": "Hailstones grow in thunderstorm updrafts as layers of ice accumulate."}
+CORPUS
+echo '{"_id": "q1", "text": "why does it rain"}' >"$work/weather/queries.jsonl"
+printf 'query-id\tcorpus-id\tscore\nq1\train\t1\n' >"$work/weather/qrels/test.tsv"
+"$bin/tool-gateway" index --source "$work/weather" --out "$work/weather-index" --name weather --vectors 2>/dev/null
 redis-server --bind 127.0.0.1 --port "$redis_port" --save '' --appendonly no --dir "$work" >"$work/redis.log" 2>&1 &
 pids+=($!)
 
@@ -44,6 +59,7 @@ for i in "${!services[@]}"; do
   SLEUTH_POLICY_SERVERS="127.0.0.1:$((base + 4))" \
   SLEUTH_INFERENCE_GATEWAY="127.0.0.1:$((base + 3))" \
   SLEUTH_TOOL_GATEWAY="127.0.0.1:$((base + 2))" \
+  SLEUTH_COLLECTIONS="weather=$work/weather-index" \
     "$bin/$name" >"$work/$name.log" 2>&1 &
   pids+=($!)
   service_pid[$name]=$!
@@ -56,12 +72,12 @@ say "waiting for every service to report SERVING"
   --tool-gateway "127.0.0.1:$((base + 2))" --inference-gateway "127.0.0.1:$((base + 3))" \
   --policy-server "127.0.0.1:$((base + 4))" --learner "127.0.0.1:$((base + 5))"
 
-say "listing the tool gateway's API through reflection"
-if command -v grpcurl >/dev/null; then
-  grpcurl -plaintext -H "authorization: Bearer $token" "127.0.0.1:$((base + 2))" list
-else
-  say "(grpcurl not installed; skipping)"
-fi
+say "searching the collection (vector search): what makes ice fall from storms?"
+"$bin/sleuth" search --tool-gateway "127.0.0.1:$((base + 2))" --collection weather --method vector -k 3 \
+  "what makes ice fall from storms?"
+
+say "asking the policy: What is the capital of France?"
+"$bin/sleuth" ask --policy-server "127.0.0.1:$((base + 4))" "What is the capital of France?"
 
 say "stopping the mesh with SIGTERM"
 status=0
