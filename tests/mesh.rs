@@ -43,7 +43,7 @@ fn start_mesh(redis_url: &str, token: &str, data: &std::path::Path) -> Result<BT
             ("SLEUTH_DEVICE", "cpu".to_owned()),
             ("SLEUTH_DATABASE_URL", format!("sqlite://{}", data.join("runs.db").display())),
         ];
-        if name == "policy-server" {
+        if name == "policy-server" || name == "inference-gateway" {
             let model = sleuth_testkit::cache_dir()?.join("models/smollm2-135m-instruct");
             env.push(("SLEUTH_MODEL", model.display().to_string()));
         }

@@ -1,19 +1,34 @@
-//! The inference gateway: the agents' model endpoint. It will render chat
-//! templates, route to policy-server replicas and record each episode's exact
-//! tokens, logprobs and policy versions in Redis.
+//! The inference gateway: the agents' model endpoint. It renders the model's
+//! own chat template, sends token ids to a policy server and records, per
+//! episode, exactly which tokens the policy saw and produced, with loss masks,
+//! logprobs and policy versions, in Redis (token-in/token-out).
 //!
-//! Status: the service starts and reports SERVING once Redis and every
-//! configured policy server are up; every RPC of
-//! `sleuth.inference.v1.InferenceGateway` answers `Unimplemented` until the
-//! inference-gateway work lands.
+//! - [`conversation`] builds each turn's prompt from the recorded tokens;
+//! - [`episode`] keeps the traces in Redis;
+//! - [`handlers`] serves `Chat`, `GetTrace` and `FinishEpisode`.
+//!
+//! Not yet here: the OpenAI-compatible HTTP endpoint, routing over several
+//! replicas with failover (the first configured replica is used), metrics.
+
+pub mod conversation;
+pub mod episode;
+pub mod error;
+pub mod handlers;
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
 
-use sleuth_kit::{ErrorKind, GrpcService, KitError, ServeArgs, ServiceError, TelemetryArgs};
-use sleuth_proto::inference::v1::inference_gateway_server::{InferenceGateway, InferenceGatewayServer};
+use sleuth_kit::{GrpcService, ServeArgs, TelemetryArgs};
+use sleuth_proto::inference::v1::inference_gateway_server::InferenceGatewayServer;
+use sleuth_proto::policy::v1::policy_server_client::PolicyServerClient;
 use sleuth_store::{RedisArgs, RedisStore};
 use tokio::net::TcpListener;
+
+pub use error::Error;
+
+use crate::handlers::{Handlers, OnDrift};
 
 /// Configuration, from flags or `SLEUTH_*` environment variables.
 #[derive(clap::Parser, Debug, Clone)]
@@ -34,6 +49,20 @@ pub struct Config {
     #[arg(long, env = "SLEUTH_POLICY_SERVERS", value_delimiter = ',', default_value = "127.0.0.1:50055")]
     pub policy_servers: Vec<String>,
 
+    /// The served model's directory, for its chat template and tokenizer.
+    /// Default: the SmolLM2-135M-Instruct that `make setup` imports.
+    #[arg(long, env = "SLEUTH_MODEL")]
+    pub model: Option<PathBuf>,
+
+    /// How long an episode's trace is kept after its last turn.
+    #[arg(long, env = "SLEUTH_TRACE_TTL", default_value = "24h", value_parser = humantime::parse_duration)]
+    pub trace_ttl: Duration,
+
+    /// When the conversation no longer re-renders to the recorded tokens: keep the
+    /// recorded tokens (counted as drift) or fail the turn.
+    #[arg(long, env = "SLEUTH_ON_DRIFT", value_enum, default_value = "keep")]
+    pub on_drift: OnDrift,
+
     #[command(flatten)]
     pub serve: ServeArgs,
 
@@ -41,32 +70,7 @@ pub struct Config {
     pub telemetry: TelemetryArgs,
 }
 
-/// Errors that stop the service.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error(transparent)]
-    Kit(#[from] KitError),
-    #[error(transparent)]
-    Store(#[from] sleuth_store::StoreError),
-}
-
-impl ServiceError for Error {
-    fn kind(&self) -> ErrorKind {
-        match self {
-            Error::Kit(error) => error.kind(),
-            Error::Store(error) => error.kind(),
-        }
-    }
-}
-
-/// The RPC handlers. RPCs not overridden here answer `Unimplemented`.
-#[derive(Debug, Clone, Default)]
-pub struct Handlers;
-
-#[tonic::async_trait]
-impl InferenceGateway for Handlers {}
-
-/// Serves the inference-gateway on `listener` until `shutdown` resolves.
+/// Serves the inference gateway on `listener` until `shutdown` resolves.
 pub async fn run(
     config: Config,
     listener: TcpListener,
@@ -74,7 +78,24 @@ pub async fn run(
 ) -> Result<(), Error> {
     let token = config.serve.bearer_token()?;
     let redis = RedisStore::open(&config.redis.redis_url)?;
-    let mut service = GrpcService::new(InferenceGatewayServer::new(Handlers)).with_probe(redis.probe());
+    let model = match &config.model {
+        Some(dir) => dir.clone(),
+        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+            .join(".cache/sleuth/models/smollm2-135m-instruct"),
+    };
+    let renderer = conversation::Renderer::load(&model)?;
+    let first = config
+        .policy_servers
+        .first()
+        .ok_or_else(|| Error::InvalidArgument("policy_servers must name at least one replica".to_owned()))?;
+    let policy = PolicyServerClient::new(sleuth_kit::client::connect_lazy(first, token.as_ref())?);
+    let handlers = Handlers {
+        renderer,
+        traces: episode::TraceStore::new(redis.clone(), config.trace_ttl),
+        policy,
+        on_drift: config.on_drift,
+    };
+    let mut service = GrpcService::new(InferenceGatewayServer::new(handlers)).with_probe(redis.probe());
     for address in &config.policy_servers {
         service = service.with_probe(sleuth_kit::client::upstream_probe(
             "policy-server",

@@ -1,0 +1,189 @@
+//! gRPC handlers: one assistant turn at a time, recorded token for token.
+
+use serde_json::{Value as Json, json};
+use sleuth_kit::client::MeshChannel;
+use sleuth_proto::common::v1::{ChatMessage, SegmentKind, ToolCall, ToolSpec, Trace};
+use sleuth_proto::inference::v1 as pb;
+use sleuth_proto::inference::v1::inference_gateway_server::InferenceGateway;
+use sleuth_proto::policy::v1::policy_server_client::PolicyServerClient;
+use sleuth_proto::policy::v1::{FinishReason, GenerateRequest};
+use tonic::{Request, Response, Status};
+
+use crate::conversation::Renderer;
+use crate::episode::{EpisodeRecord, TraceStore};
+use crate::error::Error;
+
+/// What to do when the conversation no longer matches the recorded tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum OnDrift {
+    /// Count it, keep the recorded tokens and append the new messages.
+    Keep,
+    /// Fail the turn with FAILED_PRECONDITION.
+    Fail,
+}
+
+/// Tokens generated per turn when the request sets no limit.
+const DEFAULT_MAX_NEW_TOKENS: u32 = 1024;
+
+pub struct Handlers {
+    pub renderer: Renderer,
+    pub traces: TraceStore,
+    pub policy: PolicyServerClient<MeshChannel>,
+    pub on_drift: OnDrift,
+}
+
+fn message_json(message: &ChatMessage) -> Json {
+    let mut value = json!({"role": message.role, "content": message.content});
+    if !message.tool_calls.is_empty() {
+        value["tool_calls"] = message
+            .tool_calls
+            .iter()
+            .map(|call| {
+                let arguments = serde_json::from_str::<Json>(&call.arguments_json)
+                    .unwrap_or(Json::String(call.arguments_json.clone()));
+                json!({"id": call.id, "type": "function", "function": {"name": call.name, "arguments": arguments}})
+            })
+            .collect();
+    }
+    if !message.tool_call_id.is_empty() {
+        value["tool_call_id"] = json!(message.tool_call_id);
+    }
+    if !message.name.is_empty() {
+        value["name"] = json!(message.name);
+    }
+    value
+}
+
+fn tool_json(tool: &ToolSpec) -> Result<Json, Error> {
+    let parameters: Json = serde_json::from_str(&tool.parameters_json)
+        .map_err(|e| Error::InvalidArgument(format!("tools[{}].parameters_json is not JSON: {e}", tool.name)))?;
+    Ok(
+        json!({"type": "function", "function": {"name": tool.name, "description": tool.description, "parameters": parameters}}),
+    )
+}
+
+#[tonic::async_trait]
+impl InferenceGateway for Handlers {
+    async fn chat(&self, request: Request<pb::ChatRequest>) -> Result<Response<pb::ChatResponse>, Status> {
+        let request = request.into_inner();
+        let episode = request.episode_id.trim().to_owned();
+        if episode.is_empty() {
+            return Err(Error::InvalidArgument("episode_id must not be empty".to_owned()).into());
+        }
+        if request.messages.is_empty() {
+            return Err(Error::InvalidArgument("messages must not be empty".to_owned()).into());
+        }
+        let messages: Vec<Json> = request.messages.iter().map(message_json).collect();
+        let tools = request.tools.iter().map(tool_json).collect::<Result<Vec<_>, _>>()?;
+
+        let mut record = self.traces.load(&episode).await?.unwrap_or_else(|| EpisodeRecord::new(&episode));
+        let seen = record.messages_seen as usize;
+        if messages.len() < seen {
+            return Err(Error::InvalidArgument(format!(
+                "messages has {} entries but episode {episode} already covers {seen}: history is never truncated",
+                messages.len()
+            ))
+            .into());
+        }
+        let recorded = record.tokens();
+        let next = self.renderer.next_prompt(&recorded, seen, &messages, &tools)?;
+        if next.drift {
+            record.trace_mut().drift_events += 1;
+            tracing::warn!(episode = %episode, "conversation drifted from the recorded tokens");
+            if self.on_drift == OnDrift::Fail {
+                self.traces.save(&episode, &record).await?;
+                return Err(Error::Drift {
+                    episode,
+                    message: "the conversation no longer matches the recorded tokens".into(),
+                }
+                .into());
+            }
+        }
+        let prompt: Vec<u32> = recorded.iter().chain(&next.new_tokens).copied().collect();
+
+        let mut sampling = request.sampling.clone().unwrap_or_default();
+        if sampling.max_new_tokens == 0 {
+            sampling.max_new_tokens = DEFAULT_MAX_NEW_TOKENS;
+        }
+        let generate = GenerateRequest {
+            request_id: String::new(),
+            session_id: episode.clone(),
+            prompt_token_ids: prompt.clone(),
+            sampling: Some(sampling),
+            return_model_logprobs: false,
+        };
+        let generated = self.policy.clone().generate(generate).await.map_err(Error::Policy)?.into_inner();
+
+        let turn = record
+            .trace()
+            .segments
+            .iter()
+            .filter(|s| s.kind == SegmentKind::Policy as i32)
+            .map(|s| s.turn + 1)
+            .max()
+            .unwrap_or(0);
+        let observed = request.messages[seen..].iter().any(|m| m.role == "tool");
+        let kind = if observed { SegmentKind::Observation } else { SegmentKind::Prompt };
+        let version = generated.policy_versions.first().copied().unwrap_or_default();
+        record.push_context(turn, kind, &next.new_tokens, version);
+        record.push_sampled(turn, &generated.token_ids, &generated.logprobs, &generated.policy_versions);
+        let reply = sleuth_chat::parse_reply(&self.renderer.decode(&generated.token_ids)?);
+        if reply.malformed {
+            record.trace_mut().malformed_tool_calls += 1;
+        }
+        record.messages_seen = messages.len() as u32 + 1;
+        self.traces.save(&episode, &record).await?;
+
+        let finish_reason = if !reply.tool_calls.is_empty() {
+            "tool_calls"
+        } else if generated.finish_reason == FinishReason::Length as i32 {
+            "length"
+        } else {
+            "stop"
+        };
+        let tool_calls = reply
+            .tool_calls
+            .iter()
+            .enumerate()
+            .map(|(i, call)| ToolCall {
+                id: format!("call_{turn}_{i}"),
+                name: call.name.clone(),
+                arguments_json: call.arguments_json.clone(),
+            })
+            .collect();
+        Ok(Response::new(pb::ChatResponse {
+            message: Some(ChatMessage {
+                role: "assistant".into(),
+                content: reply.content,
+                tool_calls,
+                ..Default::default()
+            }),
+            finish_reason: finish_reason.to_owned(),
+            usage: Some(pb::Usage {
+                prompt_tokens: prompt.len() as u32,
+                completion_tokens: generated.token_ids.len() as u32,
+                cached_prompt_tokens: generated.cached_prompt_tokens,
+            }),
+            policy_version: generated.policy_versions.last().copied().unwrap_or_default(),
+            malformed_tool_call: reply.malformed,
+            drift: next.drift,
+            token_ids: if request.logprobs { generated.token_ids } else { Vec::new() },
+            logprobs: if request.logprobs { generated.logprobs } else { Vec::new() },
+        }))
+    }
+
+    async fn get_trace(&self, request: Request<pb::GetTraceRequest>) -> Result<Response<Trace>, Status> {
+        let episode = request.into_inner().episode_id;
+        let record = self
+            .traces
+            .load(&episode)
+            .await?
+            .ok_or_else(|| Error::NotFound(format!("no trace for episode {episode:?}")))?;
+        Ok(Response::new(record.trace().clone()))
+    }
+
+    async fn finish_episode(&self, request: Request<pb::FinishEpisodeRequest>) -> Result<Response<Trace>, Status> {
+        // The trace stays readable until its TTL; the policy server's cached prefix ages out on its own.
+        self.get_trace(Request::new(pb::GetTraceRequest { episode_id: request.into_inner().episode_id })).await
+    }
+}

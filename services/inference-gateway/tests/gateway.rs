@@ -1,0 +1,164 @@
+//! The gateway with a real policy server (SmolLM2) and real Redis: turns are
+//! recorded token for token, later turns extend the recorded tokens, drift is
+//! detected, and traces survive a gateway restart.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use sleuth_kit::client::{MeshChannel, connect};
+use sleuth_proto::common::v1::{ChatMessage, SamplingParams, SegmentKind, Trace};
+use sleuth_proto::inference::v1 as pb;
+use sleuth_proto::inference::v1::inference_gateway_client::InferenceGatewayClient;
+use tonic::Code;
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+
+fn model() -> Option<PathBuf> {
+    let dir = sleuth_testkit::cache_dir().ok()?.join("models/smollm2-135m-instruct");
+    dir.join("config.json").is_file().then_some(dir).or_else(|| {
+        eprintln!("SKIP: SmolLM2 not imported; run `make setup`");
+        None
+    })
+}
+
+async fn serving(addr: &str, service: &str) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let channel = connect(addr, None, Duration::from_secs(5)).await?;
+        let status = HealthClient::new(channel)
+            .check(HealthCheckRequest { service: service.into() })
+            .await?
+            .into_inner()
+            .status();
+        if status == ServingStatus::Serving {
+            return Ok(());
+        }
+        anyhow::ensure!(Instant::now() < deadline, "{service} at {addr} never became SERVING");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Starts a server from its binary name's `Config` and `run`, returning its address.
+macro_rules! start {
+    ($krate:ident, $args:expr) => {{
+        let config = $krate::Config::try_parse_from($args)?;
+        let listener = tokio::net::TcpListener::bind(config.listen).await?;
+        let addr = listener.local_addr()?.to_string();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn($krate::run(config, listener, async {
+            let _ = stopped.await;
+        }));
+        (addr, stop)
+    }};
+}
+
+fn user(text: &str) -> ChatMessage {
+    ChatMessage { role: "user".into(), content: text.into(), ..Default::default() }
+}
+
+fn chat(episode: &str, messages: &[ChatMessage]) -> pb::ChatRequest {
+    pb::ChatRequest {
+        episode_id: episode.into(),
+        messages: messages.to_vec(),
+        sampling: Some(SamplingParams { temperature: Some(0.0), max_new_tokens: 24, ..Default::default() }),
+        logprobs: true,
+        ..Default::default()
+    }
+}
+
+fn tokens(trace: &Trace) -> Vec<u32> {
+    trace.segments.iter().flat_map(|s| s.token_ids.iter().copied()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn turns_are_recorded_token_for_token_and_survive_a_restart() -> Result<()> {
+    let Some(model) = model() else { return Ok(()) };
+    let model = model.to_str().context("utf-8 path")?.to_owned();
+    let redis = sleuth_testkit::redis()?;
+    let redis_url = sleuth_testkit::redis_url(&redis);
+    let (policy_addr, _policy) =
+        start!(policy_server, ["policy-server", "--listen", "127.0.0.1:0", "--device", "cpu", "--model", &model]);
+    let gateway_args = |policy: &str| {
+        vec![
+            "inference-gateway".to_owned(),
+            "--listen".into(),
+            "127.0.0.1:0".into(),
+            "--model".into(),
+            model.clone(),
+            "--redis-url".into(),
+            redis_url.clone(),
+            "--policy-servers".into(),
+            policy.to_owned(),
+        ]
+    };
+    let (gateway_addr, gateway_stop) = start!(inference_gateway, gateway_args(&policy_addr));
+    serving(&gateway_addr, "sleuth.inference.v1.InferenceGateway").await?;
+    let client = |addr: String| async move {
+        Ok::<_, anyhow::Error>(InferenceGatewayClient::new(connect(&addr, None, Duration::from_secs(5)).await?))
+    };
+    let mut gateway: InferenceGatewayClient<MeshChannel> = client(gateway_addr.clone()).await?;
+
+    let mut messages = vec![user("What is the capital of France?")];
+    let first = gateway.chat(chat("ep-1", &messages)).await?.into_inner();
+    let reply = first.message.clone().context("message")?;
+    assert_eq!(reply.content, "The capital of France is Paris.");
+    assert_eq!(first.finish_reason, "stop");
+    assert!(!first.drift);
+
+    messages.push(reply);
+    messages.push(user("And the capital of Italy?"));
+    let second = gateway.chat(chat("ep-1", &messages)).await?.into_inner();
+    assert!(!second.drift, "the reply re-renders to the tokens the policy produced");
+    let usage = second.usage.context("usage")?;
+    assert!(usage.cached_prompt_tokens > 30, "turn 2 reused the episode's cached prefix: {usage:?}");
+
+    let trace = gateway.get_trace(pb::GetTraceRequest { episode_id: "ep-1".into() }).await?.into_inner();
+    let kinds: Vec<i32> = trace.segments.iter().map(|s| s.kind).collect();
+    let (prompt, policy) = (SegmentKind::Prompt as i32, SegmentKind::Policy as i32);
+    assert_eq!(kinds, [prompt, policy, prompt, policy]);
+    for segment in &trace.segments {
+        let expected_mask = if segment.kind == policy { 1 } else { 0 };
+        assert!(segment.loss_mask.iter().all(|&m| m == expected_mask));
+        assert_eq!(segment.loss_mask.len(), segment.token_ids.len());
+        if segment.kind == policy {
+            assert_eq!(segment.logprobs.len(), segment.token_ids.len());
+        }
+    }
+    // The trace is exactly what the policy saw and produced: turn 2's prompt
+    // (all tokens before the last segment) plus its sampled tokens.
+    let all = tokens(&trace);
+    assert_eq!(usage.prompt_tokens as usize + second.token_ids.len(), all.len());
+    assert_eq!(&all[all.len() - second.token_ids.len()..], second.token_ids.as_slice());
+
+    // A restarted gateway (same Redis) continues the episode.
+    drop(gateway_stop);
+    let (restarted, _restarted_stop) = start!(inference_gateway, gateway_args(&policy_addr));
+    serving(&restarted, "sleuth.inference.v1.InferenceGateway").await?;
+    let mut gateway = client(restarted).await?;
+    let finished = gateway.finish_episode(pb::FinishEpisodeRequest { episode_id: "ep-1".into() }).await?.into_inner();
+    assert_eq!(finished, trace);
+
+    // An edited history no longer matches what the policy produced: drift is
+    // counted and the recorded tokens are kept.
+    let mut edited = messages.clone();
+    edited[1].content = "Paris, of course.".into();
+    edited.push(second.message.context("message")?);
+    edited.push(user("Thanks!"));
+    let third = gateway.chat(chat("ep-1", &edited)).await?.into_inner();
+    assert!(third.drift);
+    let after = gateway.get_trace(pb::GetTraceRequest { episode_id: "ep-1".into() }).await?.into_inner();
+    assert_eq!(after.drift_events, 1);
+    assert!(tokens(&after).starts_with(&all), "recorded tokens are never rewritten");
+
+    // Bad input names the field.
+    let status = gateway.chat(chat("", &messages)).await.unwrap_err();
+    assert!(status.code() == Code::InvalidArgument && status.message().contains("episode_id"), "{status:?}");
+    let status = gateway.chat(chat("ep-1", &messages[..1])).await.unwrap_err();
+    assert!(status.code() == Code::InvalidArgument && status.message().contains("never truncated"), "{status:?}");
+    let status = gateway.get_trace(pb::GetTraceRequest { episode_id: "nope".into() }).await.unwrap_err();
+    assert_eq!(status.code(), Code::NotFound);
+    Ok(())
+}
