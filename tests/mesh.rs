@@ -48,6 +48,7 @@ fn start_mesh(redis_url: &str, token: &str, data: &std::path::Path) -> Result<BT
             env.push(("SLEUTH_MODEL", model.display().to_string()));
         }
         if name == "inference-gateway" {
+            env.push(("SLEUTH_HTTP_LISTEN", "127.0.0.1:0".to_owned()));
             env.push(("SLEUTH_POLICY_SERVERS", mesh["policy-server"].addr.clone()));
         }
         if name == "agent" {

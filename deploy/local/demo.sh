@@ -6,7 +6,7 @@
 # reports how each service shut down.
 #
 # Run through `make demo`, which builds first and sets CARGO_TARGET_DIR.
-#   SLEUTH_DEMO_BASE_PORT  first of the seven consecutive ports used (default 50051)
+#   SLEUTH_DEMO_BASE_PORT  first of the eight consecutive ports used (default 50051)
 set -euo pipefail
 
 bin="${CARGO_TARGET_DIR:?run through make demo}/debug"
@@ -14,11 +14,12 @@ base="${SLEUTH_DEMO_BASE_PORT:-50051}"
 work="$(mktemp -d -t sleuth-demo-XXXXXX)"
 token="demo-$(od -An -N12 -tx1 /dev/urandom | tr -d ' \n')"
 redis_port=$((base + 6))
+http_port=$((base + 7))
 pids=()
 
 say() { printf '\033[1mdemo:\033[0m %s\n' "$*"; }
 
-for port in $(seq "$base" "$redis_port"); do
+for port in $(seq "$base" "$http_port"); do
   if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
     echo "port $port is in use; set SLEUTH_DEMO_BASE_PORT to a free range" >&2
     exit 1
@@ -60,6 +61,7 @@ for i in "${!services[@]}"; do
   SLEUTH_INFERENCE_GATEWAY="127.0.0.1:$((base + 3))" \
   SLEUTH_TOOL_GATEWAY="127.0.0.1:$((base + 2))" \
   SLEUTH_COLLECTIONS="weather=$work/weather-index" \
+  SLEUTH_HTTP_LISTEN="127.0.0.1:$((base + 7))" \
     "$bin/$name" >"$work/$name.log" 2>&1 &
   pids+=($!)
   service_pid[$name]=$!
@@ -78,6 +80,12 @@ say "searching the collection (vector search): what makes ice fall from storms?"
 
 say "asking the policy: What is the capital of France?"
 "$bin/sleuth" ask --policy-server "127.0.0.1:$((base + 4))" "What is the capital of France?"
+
+say "one agent turn through the OpenAI-compatible endpoint of the inference gateway (episode demo-1)"
+curl -sS "http://127.0.0.1:$http_port/episodes/demo-1/v1/chat/completions" \
+  -H "authorization: Bearer $token" -H "content-type: application/json" \
+  -d '{"messages": [{"role": "user", "content": "What is the capital of France?"}], "temperature": 0, "max_tokens": 24}'
+echo
 
 say "stopping the mesh with SIGTERM"
 status=0

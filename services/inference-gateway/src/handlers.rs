@@ -65,13 +65,34 @@ fn tool_json(tool: &ToolSpec) -> Result<Json, Error> {
 #[tonic::async_trait]
 impl InferenceGateway for Handlers {
     async fn chat(&self, request: Request<pb::ChatRequest>) -> Result<Response<pb::ChatResponse>, Status> {
-        let request = request.into_inner();
+        Ok(Response::new(self.turn(request.into_inner()).await?))
+    }
+
+    async fn get_trace(&self, request: Request<pb::GetTraceRequest>) -> Result<Response<Trace>, Status> {
+        let episode = request.into_inner().episode_id;
+        let record = self
+            .traces
+            .load(&episode)
+            .await?
+            .ok_or_else(|| Error::NotFound(format!("no trace for episode {episode:?}")))?;
+        Ok(Response::new(record.trace().clone()))
+    }
+
+    async fn finish_episode(&self, request: Request<pb::FinishEpisodeRequest>) -> Result<Response<Trace>, Status> {
+        // The trace stays readable until its TTL; the policy server's cached prefix ages out on its own.
+        self.get_trace(Request::new(pb::GetTraceRequest { episode_id: request.into_inner().episode_id })).await
+    }
+}
+
+impl Handlers {
+    /// One assistant turn: what both front doors (gRPC Chat, OpenAI HTTP) run.
+    pub async fn turn(&self, request: pb::ChatRequest) -> Result<pb::ChatResponse, Error> {
         let episode = request.episode_id.trim().to_owned();
         if episode.is_empty() {
-            return Err(Error::InvalidArgument("episode_id must not be empty".to_owned()).into());
+            return Err(Error::InvalidArgument("episode_id must not be empty".to_owned()));
         }
         if request.messages.is_empty() {
-            return Err(Error::InvalidArgument("messages must not be empty".to_owned()).into());
+            return Err(Error::InvalidArgument("messages must not be empty".to_owned()));
         }
         let messages: Vec<Json> = request.messages.iter().map(message_json).collect();
         let tools = request.tools.iter().map(tool_json).collect::<Result<Vec<_>, _>>()?;
@@ -82,8 +103,7 @@ impl InferenceGateway for Handlers {
             return Err(Error::InvalidArgument(format!(
                 "messages has {} entries but episode {episode} already covers {seen}: history is never truncated",
                 messages.len()
-            ))
-            .into());
+            )));
         }
         let recorded = record.tokens();
         let next = self.renderer.next_prompt(&recorded, seen, &messages, &tools)?;
@@ -95,8 +115,7 @@ impl InferenceGateway for Handlers {
                 return Err(Error::Drift {
                     episode,
                     message: "the conversation no longer matches the recorded tokens".into(),
-                }
-                .into());
+                });
             }
         }
         let prompt: Vec<u32> = recorded.iter().chain(&next.new_tokens).copied().collect();
@@ -151,7 +170,7 @@ impl InferenceGateway for Handlers {
                 arguments_json: call.arguments_json.clone(),
             })
             .collect();
-        Ok(Response::new(pb::ChatResponse {
+        Ok(pb::ChatResponse {
             message: Some(ChatMessage {
                 role: "assistant".into(),
                 content: reply.content,
@@ -169,21 +188,6 @@ impl InferenceGateway for Handlers {
             drift: next.drift,
             token_ids: if request.logprobs { generated.token_ids } else { Vec::new() },
             logprobs: if request.logprobs { generated.logprobs } else { Vec::new() },
-        }))
-    }
-
-    async fn get_trace(&self, request: Request<pb::GetTraceRequest>) -> Result<Response<Trace>, Status> {
-        let episode = request.into_inner().episode_id;
-        let record = self
-            .traces
-            .load(&episode)
-            .await?
-            .ok_or_else(|| Error::NotFound(format!("no trace for episode {episode:?}")))?;
-        Ok(Response::new(record.trace().clone()))
-    }
-
-    async fn finish_episode(&self, request: Request<pb::FinishEpisodeRequest>) -> Result<Response<Trace>, Status> {
-        // The trace stays readable until its TTL; the policy server's cached prefix ages out on its own.
-        self.get_trace(Request::new(pb::GetTraceRequest { episode_id: request.into_inner().episode_id })).await
+        })
     }
 }

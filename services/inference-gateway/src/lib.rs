@@ -5,15 +5,17 @@
 //!
 //! - [`conversation`] builds each turn's prompt from the recorded tokens;
 //! - [`episode`] keeps the traces in Redis;
-//! - [`handlers`] serves `Chat`, `GetTrace` and `FinishEpisode`.
+//! - [`handlers`] serves `Chat`, `GetTrace` and `FinishEpisode`;
+//! - [`openai`] serves the same turns as OpenAI-compatible HTTP.
 //!
-//! Not yet here: the OpenAI-compatible HTTP endpoint, routing over several
-//! replicas with failover (the first configured replica is used), metrics.
+//! Not yet here: routing over several replicas with failover (the first
+//! configured replica is used), metrics.
 
 pub mod conversation;
 pub mod episode;
 pub mod error;
 pub mod handlers;
+pub mod openai;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -54,6 +56,10 @@ pub struct Config {
     #[arg(long, env = "SLEUTH_MODEL")]
     pub model: Option<PathBuf>,
 
+    /// Address for the OpenAI-compatible HTTP endpoint (/v1/chat/completions).
+    #[arg(long, env = "SLEUTH_HTTP_LISTEN", default_value = "0.0.0.0:8080")]
+    pub http_listen: SocketAddr,
+
     /// How long an episode's trace is kept after its last turn.
     #[arg(long, env = "SLEUTH_TRACE_TTL", default_value = "24h", value_parser = humantime::parse_duration)]
     pub trace_ttl: Duration,
@@ -89,13 +95,33 @@ pub async fn run(
         .first()
         .ok_or_else(|| Error::InvalidArgument("policy_servers must name at least one replica".to_owned()))?;
     let policy = PolicyServerClient::new(sleuth_kit::client::connect_lazy(first, token.as_ref())?);
-    let handlers = Handlers {
+    let handlers = std::sync::Arc::new(Handlers {
         renderer,
         traces: episode::TraceStore::new(redis.clone(), config.trace_ttl),
         policy,
         on_drift: config.on_drift,
+    });
+    let http = TcpListener::bind(config.http_listen).await.map_err(|e| {
+        Error::InvalidArgument(format!("cannot listen for HTTP on http_listen {}: {e}", config.http_listen))
+    })?;
+    tracing::info!(addr = %http.local_addr().map_err(|e| Error::Internal(e.to_string()))?, "openai-compatible http listening");
+    // One shutdown signal for both front doors.
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop.send(true);
+    });
+    let wait = |mut stopped: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = stopped.wait_for(|&stop| stop).await;
     };
-    let mut service = GrpcService::new(InferenceGatewayServer::new(handlers)).with_probe(redis.probe());
+    let router = openai::router(handlers.clone(), token.clone());
+    let http_server = axum::serve(http, router).with_graceful_shutdown(wait(stopped.clone()));
+    tokio::spawn(async move {
+        if let Err(error) = http_server.await {
+            tracing::error!(%error, "http server failed");
+        }
+    });
+    let mut service = GrpcService::new(InferenceGatewayServer::from_arc(handlers)).with_probe(redis.probe());
     for address in &config.policy_servers {
         service = service.with_probe(sleuth_kit::client::upstream_probe(
             "policy-server",
@@ -104,6 +130,6 @@ pub async fn run(
             token.as_ref(),
         )?);
     }
-    sleuth_kit::serve(service, &config.serve, listener, shutdown).await?;
+    sleuth_kit::serve(service, &config.serve, listener, wait(stopped)).await?;
     Ok(())
 }

@@ -86,6 +86,8 @@ async fn turns_are_recorded_token_for_token_and_survive_a_restart() -> Result<()
             "inference-gateway".to_owned(),
             "--listen".into(),
             "127.0.0.1:0".into(),
+            "--http-listen".into(),
+            "127.0.0.1:0".into(),
             "--model".into(),
             model.clone(),
             "--redis-url".into(),
@@ -160,5 +162,103 @@ async fn turns_are_recorded_token_for_token_and_survive_a_restart() -> Result<()
     assert!(status.code() == Code::InvalidArgument && status.message().contains("never truncated"), "{status:?}");
     let status = gateway.get_trace(pb::GetTraceRequest { episode_id: "nope".into() }).await.unwrap_err();
     assert_eq!(status.code(), Code::NotFound);
+    Ok(())
+}
+
+/// POSTs JSON over HTTP/1.1 and returns (status, body).
+async fn post(
+    addr: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &serde_json::Value,
+) -> Result<(u16, serde_json::Value)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let body = body.to_string();
+    let mut request = format!(
+        "POST {path} HTTP/1.1\r\nHost: gateway\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("\r\n");
+    request.push_str(&body);
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    stream.write_all(request.as_bytes()).await?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await?;
+    let status: u16 = response.split_whitespace().nth(1).context("status line")?.parse()?;
+    let json = response.split("\r\n\r\n").nth(1).context("body")?;
+    Ok((status, serde_json::from_str(json.trim()).with_context(|| format!("body: {json}"))?))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_openai_endpoint_runs_the_same_turns() -> Result<()> {
+    let Some(model) = model() else { return Ok(()) };
+    let model = model.to_str().context("utf-8 path")?.to_owned();
+    let redis = sleuth_testkit::redis()?;
+    let redis_url = sleuth_testkit::redis_url(&redis);
+    let (policy_addr, _policy) =
+        start!(policy_server, ["policy-server", "--listen", "127.0.0.1:0", "--device", "cpu", "--model", &model]);
+    let http = format!("127.0.0.1:{}", sleuth_testkit::free_port()?);
+    let (gateway_addr, _gateway) = start!(
+        inference_gateway,
+        [
+            "inference-gateway",
+            "--listen",
+            "127.0.0.1:0",
+            "--http-listen",
+            &http,
+            "--model",
+            &model,
+            "--redis-url",
+            &redis_url,
+            "--policy-servers",
+            &policy_addr,
+            "--auth-token",
+            "http-test-token",
+        ]
+    );
+    serving(&gateway_addr, "sleuth.inference.v1.InferenceGateway").await?;
+    let auth = ("authorization", "Bearer http-test-token");
+    let question = serde_json::json!({
+        "model": "anything",
+        "messages": [{"role": "user", "content": "What is the capital of France?"}],
+        "temperature": 0,
+        "max_tokens": 24,
+        "logprobs": true
+    });
+
+    let (status, body) = post(&http, "/episodes/http-1/v1/chat/completions", &[auth], &question).await?;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["object"], "chat.completion");
+    assert_eq!(body["choices"][0]["message"]["content"], "The capital of France is Paris.");
+    assert_eq!(body["choices"][0]["finish_reason"], "stop");
+    assert!(body["usage"]["prompt_tokens"].as_u64().unwrap_or(0) > 0);
+    assert_eq!(
+        body["choices"][0]["logprobs"]["content"].as_array().map(Vec::len),
+        body["usage"]["completion_tokens"].as_u64().map(|n| n as usize)
+    );
+
+    // The header form names the same kind of episode; the trace is the gRPC one.
+    let (status, _) =
+        post(&http, "/v1/chat/completions", &[auth, ("x-sleuth-episode-id", "http-2")], &question).await?;
+    assert_eq!(status, 200);
+    let mut grpc = InferenceGatewayClient::new(
+        connect(&gateway_addr, Some(&"http-test-token".parse()?), Duration::from_secs(5)).await?,
+    );
+    let trace = grpc.get_trace(pb::GetTraceRequest { episode_id: "http-2".into() }).await?.into_inner();
+    assert_eq!(trace.segments.len(), 2);
+
+    // Errors come in OpenAI's shape with HTTP codes.
+    let (status, body) = post(&http, "/v1/chat/completions", &[auth], &question).await?;
+    assert_eq!(status, 400);
+    assert!(body["error"]["message"].as_str().unwrap_or_default().contains("x-sleuth-episode-id"), "{body}");
+    let (status, body) = post(&http, "/episodes/http-3/v1/chat/completions", &[], &question).await?;
+    assert_eq!((status, body["error"]["type"].as_str()), (401, Some("authentication_error")));
+    let bad = serde_json::json!({"messages": [{"role": "user", "content": [1, 2]}]});
+    let (status, body) = post(&http, "/episodes/http-3/v1/chat/completions", &[auth], &bad).await?;
+    assert_eq!(status, 400);
+    assert!(body["error"]["message"].as_str().unwrap_or_default().contains("messages[0].content"), "{body}");
     Ok(())
 }

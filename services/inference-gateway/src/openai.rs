@@ -1,0 +1,258 @@
+//! The OpenAI-compatible front door: `POST /v1/chat/completions` (episode in
+//! the `x-sleuth-episode-id` header) and `POST /episodes/{id}/v1/chat/completions`,
+//! so an agent written for the OpenAI API, in any language, can be the
+//! rollout environment unchanged. Same behaviour as gRPC `Chat`.
+
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use sleuth_kit::{BearerToken, ErrorKind, ServiceError};
+use sleuth_proto::common::v1::{ChatMessage, SamplingParams, ToolCall, ToolSpec};
+use sleuth_proto::inference::v1::ChatRequest;
+
+use crate::error::Error;
+use crate::handlers::Handlers;
+
+/// Header naming the episode on `/v1/chat/completions`.
+pub const EPISODE_HEADER: &str = "x-sleuth-episode-id";
+
+#[derive(Clone)]
+struct AppState {
+    handlers: Arc<Handlers>,
+    token: Option<BearerToken>,
+}
+
+pub fn router(handlers: Arc<Handlers>, token: Option<BearerToken>) -> axum::Router {
+    axum::Router::new()
+        .route("/v1/chat/completions", post(from_header))
+        .route("/episodes/{episode}/v1/chat/completions", post(from_path))
+        .with_state(AppState { handlers, token })
+}
+
+#[derive(Debug, Deserialize)]
+struct CompletionRequest {
+    messages: Vec<MessageIn>,
+    #[serde(default)]
+    tools: Vec<ToolIn>,
+    #[serde(default)]
+    tool_choice: Option<Value>,
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    max_tokens: Option<u32>,
+    max_completion_tokens: Option<u32>,
+    seed: Option<u64>,
+    #[serde(default)]
+    stop: Option<Value>,
+    #[serde(default)]
+    logprobs: bool,
+}
+
+#[derive(Debug, Deserialize)]
+struct MessageIn {
+    role: String,
+    #[serde(default)]
+    content: Option<Value>,
+    #[serde(default)]
+    tool_calls: Vec<ToolCallIn>,
+    #[serde(default)]
+    tool_call_id: Option<String>,
+    #[serde(default)]
+    name: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ToolCallIn {
+    #[serde(default)]
+    id: String,
+    function: FunctionCallIn,
+}
+
+#[derive(Debug, Deserialize)]
+struct FunctionCallIn {
+    name: String,
+    #[serde(default)]
+    arguments: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct ToolIn {
+    function: FunctionIn,
+}
+
+#[derive(Debug, Deserialize)]
+struct FunctionIn {
+    name: String,
+    #[serde(default)]
+    description: String,
+    #[serde(default)]
+    parameters: Option<Value>,
+}
+
+/// An error in OpenAI's shape: `{"error": {"message", "type", "code"}}`.
+struct ApiError(Error);
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, kind) = match self.0.kind() {
+            ErrorKind::InvalidArgument => (StatusCode::BAD_REQUEST, "invalid_request_error"),
+            ErrorKind::NotFound => (StatusCode::NOT_FOUND, "not_found_error"),
+            ErrorKind::Unauthenticated => (StatusCode::UNAUTHORIZED, "authentication_error"),
+            ErrorKind::ResourceExhausted { .. } => (StatusCode::TOO_MANY_REQUESTS, "rate_limit_error"),
+            ErrorKind::FailedPrecondition | ErrorKind::AlreadyExists => (StatusCode::CONFLICT, "invalid_request_error"),
+            ErrorKind::Unavailable => (StatusCode::SERVICE_UNAVAILABLE, "server_error"),
+            ErrorKind::Unimplemented | ErrorKind::Internal => (StatusCode::INTERNAL_SERVER_ERROR, "server_error"),
+        };
+        let body = json!({"error": {"message": sleuth_kit::error::into_status(&self.0).message(), "type": kind, "code": null}});
+        (status, Json(body)).into_response()
+    }
+}
+
+fn authorize(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(token) = &state.token else { return Ok(()) };
+    let presented = headers.get("authorization").and_then(|v| v.to_str().ok()).unwrap_or_default();
+    if token.matches_header(presented) {
+        Ok(())
+    } else {
+        Err(ApiError(Error::Kit(sleuth_kit::KitError::Unauthenticated)))
+    }
+}
+
+async fn from_header(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Json<Value>,
+) -> Result<Json<Value>, ApiError> {
+    authorize(&state, &headers)?;
+    let episode = headers.get(EPISODE_HEADER).and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
+    if episode.is_empty() {
+        return Err(ApiError(Error::InvalidArgument(format!(
+            "name the episode with the {EPISODE_HEADER} header or POST to /episodes/{{id}}/v1/chat/completions"
+        ))));
+    }
+    complete(&state, episode, body.0).await
+}
+
+async fn from_path(
+    State(state): State<AppState>,
+    Path(episode): Path<String>,
+    headers: HeaderMap,
+    body: Json<Value>,
+) -> Result<Json<Value>, ApiError> {
+    authorize(&state, &headers)?;
+    complete(&state, episode, body.0).await
+}
+
+async fn complete(state: &AppState, episode: String, body: Value) -> Result<Json<Value>, ApiError> {
+    let request: CompletionRequest =
+        serde_json::from_value(body).map_err(|e| ApiError(Error::InvalidArgument(format!("request body: {e}"))))?;
+    if request.tool_choice.as_ref().is_some_and(|c| c != "auto" && c != "none") {
+        return Err(ApiError(Error::InvalidArgument(format!(
+            "tool_choice {} is not supported (auto or none)",
+            request.tool_choice.unwrap_or_default()
+        ))));
+    }
+    if request.stop.as_ref().is_some_and(|s| !s.is_null()) {
+        return Err(ApiError(Error::InvalidArgument(
+            "stop sequences are not supported yet; the model's end-of-turn token stops".to_owned(),
+        )));
+    }
+    let tools = if request.tool_choice.as_ref().is_some_and(|c| c == "none") { Vec::new() } else { request.tools };
+    let messages = request
+        .messages
+        .into_iter()
+        .enumerate()
+        .map(|(index, message)| {
+            let content = match message.content {
+                None | Some(Value::Null) => String::new(),
+                Some(Value::String(text)) => text,
+                Some(other) => {
+                    return Err(Error::InvalidArgument(format!(
+                        "messages[{index}].content must be a string, got {}",
+                        sleuth_chat_shorten(&other.to_string())
+                    )));
+                }
+            };
+            Ok(ChatMessage {
+                role: message.role,
+                content,
+                tool_calls: message
+                    .tool_calls
+                    .into_iter()
+                    .map(|call| ToolCall {
+                        id: call.id,
+                        name: call.function.name,
+                        arguments_json: call.function.arguments,
+                    })
+                    .collect(),
+                tool_call_id: message.tool_call_id.unwrap_or_default(),
+                name: message.name.unwrap_or_default(),
+            })
+        })
+        .collect::<Result<Vec<_>, Error>>()
+        .map_err(ApiError)?;
+    let chat = ChatRequest {
+        episode_id: episode.clone(),
+        messages,
+        tools: tools
+            .into_iter()
+            .map(|tool| ToolSpec {
+                name: tool.function.name,
+                description: tool.function.description,
+                parameters_json: tool.function.parameters.unwrap_or_else(|| json!({"type": "object"})).to_string(),
+            })
+            .collect(),
+        tool_choice: String::new(),
+        sampling: Some(SamplingParams {
+            temperature: request.temperature,
+            top_p: request.top_p,
+            seed: request.seed,
+            max_new_tokens: request.max_completion_tokens.or(request.max_tokens).unwrap_or(0),
+            ..Default::default()
+        }),
+        logprobs: request.logprobs,
+    };
+    let response = state.handlers.turn(chat).await.map_err(ApiError)?;
+    let message = response.message.unwrap_or_default();
+    let tool_calls: Vec<Value> = message
+        .tool_calls
+        .iter()
+        .map(|call| json!({"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments_json}}))
+        .collect();
+    let mut out_message = json!({"role": "assistant", "content": message.content});
+    if !tool_calls.is_empty() {
+        out_message["tool_calls"] = Value::Array(tool_calls);
+    }
+    let usage = response.usage.unwrap_or_default();
+    let logprobs = request.logprobs.then(|| {
+        json!({"content": response.token_ids.iter().zip(&response.logprobs).map(|(id, lp)| json!({"token_id": id, "logprob": lp})).collect::<Vec<_>>()})
+    });
+    let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    Ok(Json(json!({
+        "id": format!("chatcmpl-{episode}-{created}"),
+        "object": "chat.completion",
+        "created": created,
+        "model": "sleuth-policy",
+        "choices": [{"index": 0, "message": out_message, "finish_reason": response.finish_reason, "logprobs": logprobs}],
+        "usage": {
+            "prompt_tokens": usage.prompt_tokens,
+            "completion_tokens": usage.completion_tokens,
+            "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": usage.cached_prompt_tokens}
+        },
+        "sleuth": {"policy_version": response.policy_version, "drift": response.drift, "malformed_tool_call": response.malformed_tool_call}
+    })))
+}
+
+fn sleuth_chat_shorten(text: &str) -> &str {
+    match text.char_indices().nth(80) {
+        Some((end, _)) => &text[..end],
+        None => text,
+    }
+}
