@@ -1,11 +1,9 @@
 //! gRPC handlers: one assistant turn at a time, recorded token for token.
 
 use serde_json::{Value as Json, json};
-use sleuth_kit::client::MeshChannel;
 use sleuth_proto::common::v1::{ChatMessage, SegmentKind, ToolCall, ToolSpec, Trace};
 use sleuth_proto::inference::v1 as pb;
 use sleuth_proto::inference::v1::inference_gateway_server::InferenceGateway;
-use sleuth_proto::policy::v1::policy_server_client::PolicyServerClient;
 use sleuth_proto::policy::v1::{FinishReason, GenerateRequest};
 use tonic::{Request, Response, Status};
 
@@ -28,7 +26,7 @@ const DEFAULT_MAX_NEW_TOKENS: u32 = 1024;
 pub struct Handlers {
     pub renderer: Renderer,
     pub traces: TraceStore,
-    pub policy: PolicyServerClient<MeshChannel>,
+    pub policy: crate::routing::Replicas,
     pub on_drift: OnDrift,
 }
 
@@ -131,7 +129,8 @@ impl Handlers {
             sampling: Some(sampling),
             return_model_logprobs: false,
         };
-        let generated = self.policy.clone().generate(generate).await.map_err(Error::Policy)?.into_inner();
+        let (replica, generated) = self.policy.generate(&episode, generate).await?;
+        tracing::debug!(episode = %episode, %replica, tokens = generated.token_ids.len(), "turn generated");
 
         let turn = record
             .trace()

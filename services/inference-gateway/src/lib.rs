@@ -8,14 +8,16 @@
 //! - [`handlers`] serves `Chat`, `GetTrace` and `FinishEpisode`;
 //! - [`openai`] serves the same turns as OpenAI-compatible HTTP.
 //!
-//! Not yet here: routing over several replicas with failover (the first
-//! configured replica is used), metrics.
+//! - [`routing`] keeps each episode on one policy-server replica, with failover.
+//!
+//! Not yet here: discovery beyond a static list (DNS, Kubernetes), metrics.
 
 pub mod conversation;
 pub mod episode;
 pub mod error;
 pub mod handlers;
 pub mod openai;
+pub mod routing;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -24,7 +26,6 @@ use std::time::Duration;
 
 use sleuth_kit::{GrpcService, ServeArgs, TelemetryArgs};
 use sleuth_proto::inference::v1::inference_gateway_server::InferenceGatewayServer;
-use sleuth_proto::policy::v1::policy_server_client::PolicyServerClient;
 use sleuth_store::{RedisArgs, RedisStore};
 use tokio::net::TcpListener;
 
@@ -47,7 +48,7 @@ pub struct Config {
     #[command(flatten)]
     pub redis: RedisArgs,
 
-    /// Policy-server replicas (host:port), comma separated.
+    /// Policy-server replicas (host:port), comma separated; each episode sticks to one.
     #[arg(long, env = "SLEUTH_POLICY_SERVERS", value_delimiter = ',', default_value = "127.0.0.1:50055")]
     pub policy_servers: Vec<String>,
 
@@ -90,11 +91,7 @@ pub async fn run(
             .join(".cache/sleuth/models/smollm2-135m-instruct"),
     };
     let renderer = conversation::Renderer::load(&model)?;
-    let first = config
-        .policy_servers
-        .first()
-        .ok_or_else(|| Error::InvalidArgument("policy_servers must name at least one replica".to_owned()))?;
-    let policy = PolicyServerClient::new(sleuth_kit::client::connect_lazy(first, token.as_ref())?);
+    let policy = routing::Replicas::new(&config.policy_servers, token.as_ref())?;
     let handlers = std::sync::Arc::new(Handlers {
         renderer,
         traces: episode::TraceStore::new(redis.clone(), config.trace_ttl),

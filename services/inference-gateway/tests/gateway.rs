@@ -48,11 +48,27 @@ macro_rules! start {
         let listener = tokio::net::TcpListener::bind(config.listen).await?;
         let addr = listener.local_addr()?.to_string();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        tokio::spawn($krate::run(config, listener, async {
+        let server = tokio::spawn($krate::run(config, listener, async {
             let _ = stopped.await;
         }));
-        (addr, stop)
+        (addr, Running { _stop: stop, server })
     }};
+}
+
+/// A server started by `start!`: dropping it stops the server; `stop` also waits until it has.
+struct Running<E> {
+    _stop: tokio::sync::oneshot::Sender<()>,
+    server: tokio::task::JoinHandle<Result<(), E>>,
+}
+
+impl<E> Running<E> {
+    async fn stop(self) -> Result<()> {
+        drop(self._stop);
+        tokio::time::timeout(Duration::from_secs(30), self.server)
+            .await??
+            .map_err(|_| anyhow::anyhow!("server failed"))?;
+        Ok(())
+    }
 }
 
 fn user(text: &str) -> ChatMessage {
@@ -136,7 +152,7 @@ async fn turns_are_recorded_token_for_token_and_survive_a_restart() -> Result<()
     assert_eq!(&all[all.len() - second.token_ids.len()..], second.token_ids.as_slice());
 
     // A restarted gateway (same Redis) continues the episode.
-    drop(gateway_stop);
+    gateway_stop.stop().await?;
     let (restarted, _restarted_stop) = start!(inference_gateway, gateway_args(&policy_addr));
     serving(&restarted, "sleuth.inference.v1.InferenceGateway").await?;
     let mut gateway = client(restarted).await?;
@@ -260,5 +276,60 @@ async fn the_openai_endpoint_runs_the_same_turns() -> Result<()> {
     let (status, body) = post(&http, "/episodes/http-3/v1/chat/completions", &[auth], &bad).await?;
     assert_eq!(status, 400);
     assert!(body["error"]["message"].as_str().unwrap_or_default().contains("messages[0].content"), "{body}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn episodes_stick_to_a_replica_and_fail_over_when_it_dies() -> Result<()> {
+    let Some(model) = model() else { return Ok(()) };
+    let model = model.to_str().context("utf-8 path")?.to_owned();
+    let redis = sleuth_testkit::redis()?;
+    let redis_url = sleuth_testkit::redis_url(&redis);
+    let (first_addr, first_stop) =
+        start!(policy_server, ["policy-server", "--listen", "127.0.0.1:0", "--device", "cpu", "--model", &model]);
+    let (second_addr, _second) =
+        start!(policy_server, ["policy-server", "--listen", "127.0.0.1:0", "--device", "cpu", "--model", &model]);
+    let replicas = format!("{first_addr},{second_addr}");
+    let (gateway_addr, _gateway) = start!(
+        inference_gateway,
+        [
+            "inference-gateway",
+            "--listen",
+            "127.0.0.1:0",
+            "--http-listen",
+            "127.0.0.1:0",
+            "--model",
+            &model,
+            "--redis-url",
+            &redis_url,
+            "--policy-servers",
+            &replicas,
+        ]
+    );
+    serving(&gateway_addr, "sleuth.inference.v1.InferenceGateway").await?;
+    let mut gateway = InferenceGatewayClient::new(connect(&gateway_addr, None, Duration::from_secs(5)).await?);
+
+    // An episode whose own replica is the first one.
+    let routing = inference_gateway::routing::Replicas::new(&[first_addr.clone(), second_addr.clone()], None)?;
+    let episode = (0..100)
+        .map(|i| format!("sticky-{i}"))
+        .find(|e| routing.order(e)[0].address == first_addr)
+        .context("an episode on the first replica")?;
+
+    let mut messages = vec![user("What is the capital of France?")];
+    let first = gateway.chat(chat(&episode, &messages)).await?.into_inner();
+    messages.push(first.message.context("message")?);
+    messages.push(user("And the capital of Italy?"));
+    let second = gateway.chat(chat(&episode, &messages)).await?.into_inner();
+    assert!(second.usage.context("usage")?.cached_prompt_tokens > 30, "turn 2 went to the replica holding turn 1");
+
+    // Its replica goes away: the next turn fails over instead of failing.
+    first_stop.stop().await?;
+    messages.push(second.message.context("message")?);
+    messages.push(user("Thanks!"));
+    let third = gateway.chat(chat(&episode, &messages)).await?.into_inner();
+    assert_eq!(third.usage.context("usage")?.cached_prompt_tokens, 0, "served by the other replica, without its cache");
+    let trace = gateway.get_trace(pb::GetTraceRequest { episode_id: episode }).await?.into_inner();
+    assert_eq!(trace.segments.len(), 6, "all three turns recorded");
     Ok(())
 }

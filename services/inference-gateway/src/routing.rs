@@ -1,0 +1,118 @@
+//! Which policy-server replica serves an episode.
+//!
+//! Episodes stick to one replica (so its prefix cache holds their earlier
+//! turns) by rendezvous hashing: each replica gets a score from
+//! hash(episode, replica) and the episode goes to the highest. Adding or
+//! removing a replica moves only the episodes that scored it highest. When
+//! that replica cannot be reached, the turn fails over to the next-highest
+//! one; a turn is only retried when the policy server generated nothing
+//! (its Generate is all-or-nothing), so no token is ever produced twice.
+
+use sleuth_kit::client::MeshChannel;
+use sleuth_proto::policy::v1::policy_server_client::PolicyServerClient;
+use sleuth_proto::policy::v1::{GenerateRequest, GenerateResponse};
+use tonic::Code;
+
+use crate::error::Error;
+
+/// A policy-server replica.
+#[derive(Clone)]
+pub struct Replica {
+    pub address: String,
+    client: PolicyServerClient<MeshChannel>,
+}
+
+/// The replicas of the policy, from a static list.
+#[derive(Clone)]
+pub struct Replicas {
+    replicas: Vec<Replica>,
+}
+
+impl Replicas {
+    pub fn new(addresses: &[String], token: Option<&sleuth_kit::BearerToken>) -> Result<Self, Error> {
+        if addresses.is_empty() {
+            return Err(Error::InvalidArgument("policy_servers must name at least one replica".to_owned()));
+        }
+        let replicas = addresses
+            .iter()
+            .map(|address| {
+                Ok(Replica {
+                    address: address.clone(),
+                    client: PolicyServerClient::new(sleuth_kit::client::connect_lazy(address, token)?),
+                })
+            })
+            .collect::<Result<Vec<_>, Error>>()?;
+        Ok(Self { replicas })
+    }
+
+    /// Replicas in the order `episode` tries them: its own first.
+    pub fn order(&self, episode: &str) -> Vec<&Replica> {
+        let mut scored: Vec<(u64, &Replica)> =
+            self.replicas.iter().map(|replica| (score(episode, &replica.address), replica)).collect();
+        scored.sort_by_key(|(score, _)| std::cmp::Reverse(*score));
+        scored.into_iter().map(|(_, replica)| replica).collect()
+    }
+
+    /// Generates on the episode's replica, failing over while replicas are unreachable.
+    pub async fn generate(&self, episode: &str, request: GenerateRequest) -> Result<(String, GenerateResponse), Error> {
+        let mut last = None;
+        for replica in self.order(episode) {
+            match replica.client.clone().generate(request.clone()).await {
+                Ok(response) => return Ok((replica.address.clone(), response.into_inner())),
+                // Nothing was generated: the replica is down or overloaded; try the next.
+                Err(status) if matches!(status.code(), Code::Unavailable | Code::ResourceExhausted | Code::Unknown) => {
+                    tracing::warn!(episode, replica = %replica.address, code = ?status.code(), "policy replica failed, trying the next");
+                    last = Some(status);
+                }
+                Err(status) => return Err(Error::Policy(status)),
+            }
+        }
+        Err(Error::Policy(last.unwrap_or_else(|| tonic::Status::unavailable("no policy replica"))))
+    }
+}
+
+/// FNV-1a over episode and replica: stable across builds and processes, so
+/// every gateway pod, whatever its version, routes an episode the same way.
+fn score(episode: &str, replica: &str) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in episode.bytes().chain([0xff]).chain(replica.bytes()) {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    // FNV's low bits mix poorly for short keys; finish with a SplitMix64 round.
+    hash = (hash ^ (hash >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    hash = (hash ^ (hash >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    hash ^ (hash >> 31)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn replicas(addresses: &[&str]) -> Replicas {
+        let addresses: Vec<String> = addresses.iter().map(|a| a.to_string()).collect();
+        Replicas::new(&addresses, None).unwrap()
+    }
+
+    #[tokio::test]
+    async fn episodes_stick_and_spread() {
+        let three = replicas(&["a:1", "b:1", "c:1"]);
+        let first = |r: &Replicas, e: &str| r.order(e)[0].address.clone();
+        let mut counts = std::collections::HashMap::new();
+        for i in 0..300 {
+            let episode = format!("ep-{i}");
+            assert_eq!(first(&three, &episode), first(&three, &episode), "sticky");
+            *counts.entry(first(&three, &episode)).or_insert(0) += 1;
+        }
+        assert!(counts.values().all(|&n| n > 60), "spread over replicas: {counts:?}");
+        // Removing a replica moves only the episodes that were on it.
+        let two = replicas(&["a:1", "b:1"]);
+        for i in 0..300 {
+            let episode = format!("ep-{i}");
+            let before = first(&three, &episode);
+            if before != "c:1" {
+                assert_eq!(first(&two, &episode), before);
+            }
+        }
+    }
+}
