@@ -3,9 +3,8 @@
 //! unjudged queries and judged queries missing from the run.
 
 use std::collections::BTreeMap;
-use std::process::Command;
 
-use anyhow::{Result, ensure};
+use anyhow::Result;
 use sleuth_metrics::run::{read_run, write_run};
 use sleuth_metrics::{Qrels, evaluate};
 
@@ -65,10 +64,9 @@ fn metrics_match_trec_eval_query_by_query() -> Result<()> {
     write_run(&mut run_file, &run, "fixture")?;
     std::fs::write(&run_path, &run_file)?;
 
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/pytrec_eval_check.py");
-    let output = Command::new(sleuth_testkit::venv_python()?).arg(script).arg(&qrels_path).arg(&run_path).output()?;
-    ensure!(output.status.success(), "pytrec_eval failed: {}", String::from_utf8_lossy(&output.stderr));
-    let reference: BTreeMap<String, BTreeMap<String, f64>> = serde_json::from_slice(&output.stdout)?;
+    let script = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/pytrec_eval_check.py"));
+    let output = sleuth_testkit::run_python_json(script, &[qrels_path.as_os_str(), run_path.as_os_str()], None)?;
+    let reference: BTreeMap<String, BTreeMap<String, f64>> = serde_json::from_value(output)?;
 
     let rankings = read_run(std::io::Cursor::new(run_file))?;
     let summary = evaluate(&rankings, &qrels);

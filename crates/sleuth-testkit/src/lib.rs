@@ -319,6 +319,36 @@ pub fn venv_python() -> Result<PathBuf> {
     Ok(python)
 }
 
+/// Runs a Python script of the project (a reference or peer implementation)
+/// in the venv, offline, with `args` and `input` as JSON on stdin, and parses
+/// the JSON it prints.
+pub fn run_python_json(
+    script: &Path,
+    args: &[&std::ffi::OsStr],
+    input: Option<&serde_json::Value>,
+) -> Result<serde_json::Value> {
+    use std::io::Write;
+    let mut child = Command::new(venv_python()?)
+        .arg(script)
+        .args(args)
+        .env("HF_HUB_OFFLINE", "1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("starting {}", script.display()))?;
+    let mut stdin = child.stdin.take().context("stdin")?;
+    if let Some(input) = input {
+        stdin.write_all(input.to_string().as_bytes())?;
+    }
+    drop(stdin);
+    let output = child.wait_with_output()?;
+    if !output.status.success() {
+        bail!("{} failed: {}", script.display(), String::from_utf8_lossy(&output.stderr));
+    }
+    serde_json::from_slice(&output.stdout).with_context(|| format!("{} printed no JSON", script.display()))
+}
+
 fn find_postgres_tool(name: &str) -> Result<PathBuf> {
     find_tool(name).or_else(|error| {
         let mut versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")

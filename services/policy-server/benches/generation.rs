@@ -9,12 +9,10 @@
 //!
 //! Run: `make bench` (needs `make setup`'s venv and imported model).
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::Instant;
 
-use anyhow::{Context, Result, ensure};
+use anyhow::{Result, ensure};
 use policy_server::engine::{Engine, Event, Job, Limits};
 use serde_json::{Value, json};
 use sleuth_model::sampling::Sampling;
@@ -113,19 +111,10 @@ async fn main() -> Result<()> {
         episode[index] = (prefilled, started.elapsed().as_secs_f64());
     }
 
-    let script = format!("{}/../../bench/peers/transformers_generate_peer.py", env!("CARGO_MANIFEST_DIR"));
-    let mut child = Command::new(sleuth_testkit::venv_python()?)
-        .arg(&script)
-        .env("HF_HUB_OFFLINE", "1")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()?;
+    let script =
+        PathBuf::from(format!("{}/../../bench/peers/transformers_generate_peer.py", env!("CARGO_MANIFEST_DIR")));
     let request = json!({"model_dir": model, "prompt": prompt, "batches": BATCHES, "new_tokens": NEW_TOKENS, "prefill_tokens": long});
-    child.stdin.take().context("stdin")?.write_all(request.to_string().as_bytes())?;
-    let output = child.wait_with_output()?;
-    ensure!(output.status.success(), "transformers peer failed: {}", String::from_utf8_lossy(&output.stderr));
-    let peer: Value = serde_json::from_slice(&output.stdout)?;
+    let peer = sleuth_testkit::run_python_json(&script, &[], Some(&request))?;
 
     println!(
         "SmolLM2-135M-Instruct, f32, CPU ({} threads), greedy, {NEW_TOKENS} new tokens per sequence",

@@ -10,12 +10,10 @@
 //! Run: `make bench` (needs ../shared/data and `make setup`'s venv).
 
 use std::collections::BTreeMap;
-use std::io::Write;
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, ensure};
+use anyhow::Result;
 use serde_json::{Value, json};
 use sleuth_beir::{BadLines, BeirDir};
 use tool_gateway::bm25::Bm25Options;
@@ -43,18 +41,8 @@ fn summarize(qps: f64, mut latencies: Vec<Duration>) -> Throughput {
 }
 
 fn peer(script: &str, request: &Value) -> Result<Value> {
-    let path = format!("{}/../../bench/peers/{script}", env!("CARGO_MANIFEST_DIR"));
-    let mut child = Command::new(sleuth_testkit::venv_python()?)
-        .arg(&path)
-        .env("HF_HUB_OFFLINE", "1")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()?;
-    child.stdin.take().context("stdin")?.write_all(request.to_string().as_bytes())?;
-    let output = child.wait_with_output()?;
-    ensure!(output.status.success(), "{script} failed: {}", String::from_utf8_lossy(&output.stderr));
-    Ok(serde_json::from_slice(&output.stdout)?)
+    let path = std::path::PathBuf::from(format!("{}/../../bench/peers/{script}", env!("CARGO_MANIFEST_DIR")));
+    sleuth_testkit::run_python_json(&path, &[], Some(request))
 }
 
 fn sleuth_bm25(collection: &Collection, queries: &[(String, String)], clients: usize) -> Result<Throughput> {

@@ -1,12 +1,10 @@
 //! The libtorch BERT encoder agrees with sentence-transformers, and the
 //! batcher groups concurrent queries without changing their embeddings.
 
-use std::io::Write;
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context, Result, ensure};
+use anyhow::{Context, Result};
 use tool_gateway::embed::batcher::Embedder;
 use tool_gateway::embed::{Encoder, default_model_dir};
 
@@ -38,19 +36,10 @@ fn embeddings_match_sentence_transformers() -> Result<()> {
     let ours = encoder.encode(&sentences())?;
 
     let dir = default_model_dir().context("model dir")?;
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/st_reference.py");
-    let mut child = Command::new(sleuth_testkit::venv_python()?)
-        .arg(script)
-        .arg(&dir)
-        .env("HF_HUB_OFFLINE", "1")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()?;
-    child.stdin.take().context("stdin")?.write_all(serde_json::to_string(&sentences())?.as_bytes())?;
-    let output = child.wait_with_output()?;
-    ensure!(output.status.success(), "sentence-transformers failed: {}", String::from_utf8_lossy(&output.stderr));
-    let theirs: Vec<Vec<f32>> = serde_json::from_slice(&output.stdout)?;
+    let script = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/st_reference.py"));
+    let input = serde_json::to_value(sentences())?;
+    let theirs: Vec<Vec<f32>> =
+        serde_json::from_value(sleuth_testkit::run_python_json(script, &[dir.as_os_str()], Some(&input))?)?;
 
     assert_eq!(ours.len(), theirs.len());
     for (index, (a, b)) in ours.iter().zip(&theirs).enumerate() {
