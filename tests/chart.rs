@@ -1,14 +1,13 @@
 //! The Helm chart renders, passes Kubernetes schema validation offline, and
 //! only sets environment variables that the binaries it runs understand.
 
-use std::path::Path;
 use std::process::Command;
 
 use anyhow::{Context, Result, ensure};
 use sleuth_testkit::find_tool;
 
-fn chart_dir() -> &'static Path {
-    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../helm/sleuth"))
+fn chart_dir() -> std::path::PathBuf {
+    sleuth_testkit::checkout_file("helm/sleuth")
 }
 
 fn helm_template(sets: &[&str]) -> Result<String> {

@@ -61,7 +61,7 @@ fn renders_and_tokenizes_exactly_like_transformers() -> Result<()> {
     let request = json!({"cases": cases.iter().map(|(dir, messages, tools, generation)| json!({
         "dir": dir, "messages": messages, "tools": tools, "add_generation_prompt": generation
     })).collect::<Vec<_>>()});
-    let script = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/render_reference.py"));
+    let script = &sleuth_testkit::checkout_file("crates/sleuth-chat/tests/render_reference.py");
     let reference: Vec<Value> = serde_json::from_value(sleuth_testkit::run_python_json(script, &[], Some(&request))?)?;
 
     for ((dir, messages, tools, generation), expected) in cases.iter().zip(&reference) {

@@ -64,7 +64,7 @@ fn metrics_match_trec_eval_query_by_query() -> Result<()> {
     write_run(&mut run_file, &run, "fixture")?;
     std::fs::write(&run_path, &run_file)?;
 
-    let script = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/pytrec_eval_check.py"));
+    let script = &sleuth_testkit::checkout_file("crates/sleuth-metrics/tests/pytrec_eval_check.py");
     let output = sleuth_testkit::run_python_json(script, &[qrels_path.as_os_str(), run_path.as_os_str()], None)?;
     let reference: BTreeMap<String, BTreeMap<String, f64>> = serde_json::from_value(output)?;
 

@@ -15,7 +15,7 @@ const TOLERANCE: f64 = 1e-4;
 
 fn golden_models() -> Result<tempfile::TempDir> {
     let dir = tempfile::tempdir()?;
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/make_golden.py");
+    let script = sleuth_testkit::checkout_file("crates/sleuth-model/tests/make_golden.py");
     let output = Command::new(sleuth_testkit::venv_python()?).arg(script).arg(dir.path()).output()?;
     ensure!(output.status.success(), "make_golden.py failed: {}", String::from_utf8_lossy(&output.stderr));
     Ok(dir)

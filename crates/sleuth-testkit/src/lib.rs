@@ -287,7 +287,7 @@ pub fn find_tool(name: &str) -> Result<PathBuf> {
 pub fn beir_collection(name: &str) -> Result<Option<PathBuf>> {
     let shared = std::env::var_os("SLEUTH_SHARED_DATA")
         .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data"));
+        .unwrap_or_else(|| workspace_root().join("../shared/data"));
     let archive = shared.join("beir").join(format!("{name}.beir.tar.gz"));
     if !archive.is_file() {
         eprintln!("SKIP: {} not found (set SLEUTH_SHARED_DATA to the shared data directory)", archive.display());
@@ -309,6 +309,20 @@ pub fn beir_collection(name: &str) -> Result<Option<PathBuf>> {
         Err(error) => return Err(error).with_context(|| format!("moving {name} into {}", cache.display())),
     }
     Ok(Some(dir))
+}
+
+/// The checkout's root (the directory holding `Cargo.lock`), found at run time
+/// from the working directory cargo and nextest give tests (their package's
+/// directory). Not from `CARGO_MANIFEST_DIR`: a build cache shared between
+/// checkouts can hand a test binary another checkout's compile-time path.
+pub fn workspace_root() -> PathBuf {
+    let start = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
+    start.ancestors().find(|dir| dir.join("Cargo.lock").is_file()).map(Path::to_path_buf).unwrap_or(start)
+}
+
+/// A file of the checkout, by its path from the root (e.g. `bench/peers/x.py`).
+pub fn checkout_file(relative: &str) -> PathBuf {
+    workspace_root().join(relative)
 }
 
 /// The project venv's Python, which has the peers tests compare against

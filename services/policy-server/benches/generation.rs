@@ -111,8 +111,7 @@ async fn main() -> Result<()> {
         episode[index] = (prefilled, started.elapsed().as_secs_f64());
     }
 
-    let script =
-        PathBuf::from(format!("{}/../../bench/peers/transformers_generate_peer.py", env!("CARGO_MANIFEST_DIR")));
+    let script = sleuth_testkit::checkout_file("bench/peers/transformers_generate_peer.py");
     let request = json!({"model_dir": model, "prompt": prompt, "batches": BATCHES, "new_tokens": NEW_TOKENS, "prefill_tokens": long});
     let peer = sleuth_testkit::run_python_json(&script, &[], Some(&request))?;
 

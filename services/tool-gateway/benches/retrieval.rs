@@ -41,7 +41,7 @@ fn summarize(qps: f64, mut latencies: Vec<Duration>) -> Throughput {
 }
 
 fn peer(script: &str, request: &Value) -> Result<Value> {
-    let path = std::path::PathBuf::from(format!("{}/../../bench/peers/{script}", env!("CARGO_MANIFEST_DIR")));
+    let path = sleuth_testkit::checkout_file(&format!("bench/peers/{script}"));
     sleuth_testkit::run_python_json(&path, &[], Some(request))
 }
 

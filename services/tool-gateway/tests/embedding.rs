@@ -36,7 +36,7 @@ fn embeddings_match_sentence_transformers() -> Result<()> {
     let ours = encoder.encode(&sentences())?;
 
     let dir = default_model_dir().context("model dir")?;
-    let script = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/st_reference.py"));
+    let script = &sleuth_testkit::checkout_file("services/tool-gateway/tests/st_reference.py");
     let input = serde_json::to_value(sentences())?;
     let theirs: Vec<Vec<f32>> =
         serde_json::from_value(sleuth_testkit::run_python_json(script, &[dir.as_os_str()], Some(&input))?)?;
