@@ -6,7 +6,9 @@
 use std::path::PathBuf;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../proto");
+    // Read at run time: a build-script binary reused from another checkout
+    // (the build cache is shared) must still compile this checkout's protos.
+    let root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?).join("../../proto");
     let protos: Vec<PathBuf> = [
         "sleuth/common/v1/common.proto",
         "sleuth/tools/v1/tool_gateway.proto",
