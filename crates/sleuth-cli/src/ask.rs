@@ -4,7 +4,6 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use sleuth_chat::ChatTemplate;
 use sleuth_kit::BearerToken;
 use sleuth_proto::common::v1::SamplingParams;
@@ -29,11 +28,7 @@ pub struct AskArgs {
 }
 
 pub async fn run(args: AskArgs) -> anyhow::Result<()> {
-    let dir = match args.model {
-        Some(dir) => dir,
-        None => PathBuf::from(std::env::var_os("HOME").context("HOME is not set")?)
-            .join(".cache/sleuth/models/smollm2-135m-instruct"),
-    };
+    let dir = args.model.unwrap_or_else(sleuth_kit::config::default_model_dir);
     let template = ChatTemplate::from_dir(&dir)?;
     let tokenizer = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json"))
         .map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?;

@@ -9,6 +9,12 @@ use std::time::Duration;
 use crate::auth::BearerToken;
 use crate::error::KitError;
 
+/// Where `make setup` imports the default policy model (SmolLM2-135M-Instruct):
+/// the fallback of every `--model` option (policy server, inference gateway, CLI).
+pub fn default_model_dir() -> PathBuf {
+    PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/sleuth/models/smollm2-135m-instruct")
+}
+
 /// How a service serves gRPC: authentication, limits and shutdown.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ServeArgs {

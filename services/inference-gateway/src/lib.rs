@@ -85,11 +85,7 @@ pub async fn run(
 ) -> Result<(), Error> {
     let token = config.serve.bearer_token()?;
     let redis = RedisStore::open(&config.redis.redis_url)?;
-    let model = match &config.model {
-        Some(dir) => dir.clone(),
-        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
-            .join(".cache/sleuth/models/smollm2-135m-instruct"),
-    };
+    let model = config.model.clone().unwrap_or_else(sleuth_kit::config::default_model_dir);
     let renderer = conversation::Renderer::load(&model)?;
     let policy = routing::Replicas::new(&config.policy_servers, token.as_ref())?;
     let handlers = std::sync::Arc::new(Handlers {

@@ -82,8 +82,7 @@ pub fn model_dir(config: &Config) -> Result<PathBuf, Error> {
     if let Some(dir) = &config.model {
         return Ok(dir.clone());
     }
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_default();
-    let default = home.join(".cache/sleuth/models/smollm2-135m-instruct");
+    let default = sleuth_kit::config::default_model_dir();
     if default.join("config.json").is_file() {
         Ok(default)
     } else {
