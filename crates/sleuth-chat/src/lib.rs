@@ -8,9 +8,11 @@
 
 pub mod template;
 pub mod tool_calls;
+pub mod tool_format;
 
 pub use template::ChatTemplate;
 pub use tool_calls::{ParsedReply, parse_reply};
+pub use tool_format::tool_calls_text;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ChatError {

@@ -11,6 +11,10 @@ use crate::ChatError;
 /// A compiled chat template and the special tokens it refers to.
 pub struct ChatTemplate {
     env: Environment<'static>,
+    /// The template reads `tools` / `tool_calls` itself; otherwise
+    /// [`crate::tool_format`] writes them into the messages.
+    renders_tools: bool,
+    renders_tool_calls: bool,
     pub bos_token: String,
     pub eos_token: String,
 }
@@ -48,18 +52,27 @@ impl ChatTemplate {
         env.add_function("raise_exception", |message: String| -> Result<Value, minijinja::Error> {
             Err(minijinja::Error::new(ErrorKind::InvalidOperation, message))
         });
+        let renders_tools = source.contains("tools");
+        let renders_tool_calls = source.contains("tool_calls");
         env.add_template_owned(NAME, source).map_err(|e| ChatError::Template(e.to_string()))?;
-        Ok(Self { env, bos_token, eos_token })
+        Ok(Self { env, renders_tools, renders_tool_calls, bos_token, eos_token })
     }
 
     /// Renders `messages` (OpenAI chat format) with `tools` (OpenAI function
     /// specs; empty = none) and, when asked, the assistant turn's opening.
     pub fn render(&self, messages: &[Json], tools: &[Json], add_generation_prompt: bool) -> Result<String, ChatError> {
         let template = self.env.get_template(NAME).map_err(|e| ChatError::Template(e.to_string()))?;
+        let mut messages = std::borrow::Cow::Borrowed(messages);
+        if !self.renders_tool_calls {
+            messages = crate::tool_format::with_tool_calls_in_content(&messages).into();
+        }
+        if !self.renders_tools && !tools.is_empty() {
+            messages = crate::tool_format::with_tools_in_system_prompt(&messages, tools).into();
+        }
         let tools = if tools.is_empty() { Value::from(()) } else { Value::from_serialize(tools) };
         template
             .render(minijinja::context! {
-                messages => Value::from_serialize(messages),
+                messages => Value::from_serialize(&*messages),
                 tools => tools,
                 add_generation_prompt => add_generation_prompt,
                 bos_token => self.bos_token.clone(),
@@ -82,7 +95,7 @@ fn python_tojson(value: Value, kwargs: minijinja::value::Kwargs) -> Result<Value
 }
 
 /// `json.dumps(value, ensure_ascii=False, indent=indent)` as Python writes it.
-fn write_python_json(value: &Json, indent: Option<usize>, depth: usize, out: &mut String) {
+pub(crate) fn write_python_json(value: &Json, indent: Option<usize>, depth: usize, out: &mut String) {
     let newline = |out: &mut String, depth: usize| {
         if let Some(width) = indent {
             out.push('\n');

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use clap::Parser;
 use sleuth_kit::client::{MeshChannel, connect};
-use sleuth_proto::common::v1::{ChatMessage, SamplingParams, SegmentKind, Trace};
+use sleuth_proto::common::v1::{ChatMessage, SamplingParams, SegmentKind, ToolSpec, Trace};
 use sleuth_proto::inference::v1 as pb;
 use sleuth_proto::inference::v1::inference_gateway_client::InferenceGatewayClient;
 use tonic::Code;
@@ -331,5 +331,169 @@ async fn episodes_stick_to_a_replica_and_fail_over_when_it_dies() -> Result<()> 
     assert_eq!(third.usage.context("usage")?.cached_prompt_tokens, 0, "served by the other replica, without its cache");
     let trace = gateway.get_trace(pb::GetTraceRequest { episode_id: episode }).await?.into_inner();
     assert_eq!(trace.segments.len(), 6, "all three turns recorded");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_openai_client_runs_a_tool_calling_round_trip() -> Result<()> {
+    let Some(model) = model() else { return Ok(()) };
+    let model = model.to_str().context("utf-8 path")?.to_owned();
+    let redis = sleuth_testkit::redis()?;
+    let redis_url = sleuth_testkit::redis_url(&redis);
+    let (policy_addr, _policy) =
+        start!(policy_server, ["policy-server", "--listen", "127.0.0.1:0", "--device", "cpu", "--model", &model]);
+    let http = format!("127.0.0.1:{}", sleuth_testkit::free_port()?);
+    let (gateway_addr, _gateway) = start!(
+        inference_gateway,
+        [
+            "inference-gateway",
+            "--listen",
+            "127.0.0.1:0",
+            "--http-listen",
+            &http,
+            "--model",
+            &model,
+            "--redis-url",
+            &redis_url,
+            "--policy-servers",
+            &policy_addr,
+            "--auth-token",
+            "client-token",
+        ]
+    );
+    serving(&gateway_addr, "sleuth.inference.v1.InferenceGateway").await?;
+    let script = sleuth_testkit::checkout_file("services/inference-gateway/tests/openai_client.py");
+    let base_url = format!("http://{http}/episodes/openai-1/v1");
+    let summary = tokio::task::spawn_blocking(move || {
+        sleuth_testkit::run_python_json(&script, &[base_url.as_ref(), "client-token".as_ref()], None)
+    })
+    .await??;
+    assert_eq!(summary["finish_reason"], "tool_calls", "{summary}");
+    assert_eq!(summary["tool_calls"][0]["name"], "search", "{summary}");
+    assert_eq!(summary["tool_calls"][0]["arguments"]["query"], "black holes", "{summary}");
+    assert_eq!(summary["logprobs"], summary["completion_tokens"]);
+    assert!(summary["second"]["cached_tokens"].as_u64().unwrap_or(0) > 100, "turn 2 reused turn 1: {summary}");
+
+    // The assistant's tool call re-rendered to exactly the tokens the policy
+    // sampled (no drift), and the tool result is an observation segment.
+    let mut grpc = InferenceGatewayClient::new(
+        connect(&gateway_addr, Some(&"client-token".parse()?), Duration::from_secs(5)).await?,
+    );
+    let trace = grpc.get_trace(pb::GetTraceRequest { episode_id: "openai-1".into() }).await?.into_inner();
+    assert_eq!(trace.drift_events, 0, "{summary}");
+    let kinds: Vec<i32> = trace.segments.iter().map(|s| s.kind).collect();
+    let (prompt, policy, observation) =
+        (SegmentKind::Prompt as i32, SegmentKind::Policy as i32, SegmentKind::Observation as i32);
+    assert_eq!(kinds, [prompt, policy, observation, policy]);
+    Ok(())
+}
+
+fn message(role: &str, text: &str) -> ChatMessage {
+    ChatMessage { role: role.into(), content: text.into(), ..Default::default() }
+}
+
+/// Five turns with tool observations and a weight update in the middle: the
+/// trace is exactly what the policy server received and generated, token for
+/// token, with masks, logprobs and the version of every turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_five_turn_tool_episode_is_traced_exactly() -> Result<()> {
+    use sleuth_proto::policy::v1 as policy_pb;
+    let Some(model) = model() else { return Ok(()) };
+    let model = model.to_str().context("utf-8 path")?.to_owned();
+    let redis = sleuth_testkit::redis()?;
+    let redis_url = sleuth_testkit::redis_url(&redis);
+    let (policy_addr, _policy) =
+        start!(policy_server, ["policy-server", "--listen", "127.0.0.1:0", "--device", "cpu", "--model", &model]);
+    let (gateway_addr, _gateway) = start!(
+        inference_gateway,
+        [
+            "inference-gateway",
+            "--listen",
+            "127.0.0.1:0",
+            "--http-listen",
+            "127.0.0.1:0",
+            "--model",
+            &model,
+            "--redis-url",
+            &redis_url,
+            "--policy-servers",
+            &policy_addr,
+        ]
+    );
+    serving(&gateway_addr, "sleuth.inference.v1.InferenceGateway").await?;
+    let mut gateway = InferenceGatewayClient::new(connect(&gateway_addr, None, Duration::from_secs(5)).await?);
+    let mut policy = sleuth_proto::policy::v1::policy_server_client::PolicyServerClient::new(
+        connect(&policy_addr, None, Duration::from_secs(5)).await?,
+    );
+    let tool = ToolSpec {
+        name: "search".into(),
+        description: "Search the documents for a query.".into(),
+        parameters_json: r#"{"type": "object", "properties": {"query": {"type": "string"}}}"#.into(),
+    };
+    // Worked examples so that SmolLM2-135M calls the tool (see openai_client.py).
+    let mut messages = vec![message("system", "Answer every request by calling the search tool.")];
+    for query in ["rainfall in Spain", "vitamin D deficiency", "protein folding"] {
+        messages.push(message("user", &format!("Find documents about {query}.")));
+        let call = format!(r#"<tool_call>[{{"name": "search", "arguments": {{"query": "{query}"}}}}]</tool_call>"#);
+        messages.push(message("assistant", &call));
+    }
+    messages.push(message("user", "Find documents about black holes."));
+
+    let mut responses = Vec::new();
+    for turn in 0..5 {
+        if turn == 2 {
+            // The learner publishes version 1 between turns 2 and 3.
+            let header = policy_pb::UpdateWeightsRequest {
+                part: Some(policy_pb::update_weights_request::Part::Header(policy_pb::WeightsHeader {
+                    version: 1,
+                    tensor_count: 0,
+                    checkpoint_uri: model.clone(),
+                })),
+            };
+            policy.update_weights(tokio_stream::iter([header])).await?;
+        }
+        let mut request = chat("tools-1", &messages);
+        request.tools = vec![tool.clone()];
+        request.sampling.as_mut().context("sampling")?.max_new_tokens = 48;
+        let response = gateway.chat(request).await?.into_inner();
+        let reply = response.message.clone().context("message")?;
+        messages.push(reply.clone());
+        match reply.tool_calls.first() {
+            Some(call) => messages.push(ChatMessage {
+                role: "tool".into(),
+                content: format!("[d{turn}] A document about black holes."),
+                tool_call_id: call.id.clone(),
+                ..Default::default()
+            }),
+            None => messages.push(message("user", "Find documents about dark matter.")),
+        }
+        responses.push(response);
+    }
+    assert_eq!(responses[0].finish_reason, "tool_calls", "the worked examples made the policy call the tool");
+
+    let trace = gateway.get_trace(pb::GetTraceRequest { episode_id: "tools-1".into() }).await?.into_inner();
+    let policy_kind = SegmentKind::Policy as i32;
+    assert!(trace.segments.iter().any(|s| s.kind == SegmentKind::Observation as i32), "tool results are observations");
+    let sampled: Vec<usize> =
+        trace.segments.iter().enumerate().filter(|(_, s)| s.kind == policy_kind).map(|(i, _)| i).collect();
+    assert_eq!(sampled.len(), 5);
+    for (turn, (&at, response)) in sampled.iter().zip(&responses).enumerate() {
+        // What the policy server received this turn is every token before its
+        // sampled segment; what it generated is that segment.
+        let before: usize = trace.segments[..at].iter().map(|s| s.token_ids.len()).sum();
+        let usage = response.usage.clone().context("usage")?;
+        assert_eq!(before, usage.prompt_tokens as usize, "turn {turn} prompt");
+        let segment = &trace.segments[at];
+        assert_eq!(segment.token_ids, response.token_ids, "turn {turn} tokens");
+        assert_eq!(segment.logprobs, response.logprobs, "turn {turn} logprobs");
+        assert_eq!(segment.policy_version, response.policy_version, "turn {turn} version");
+        assert_eq!(segment.policy_version, u64::from(turn >= 2), "turn {turn} ran on the version it should");
+    }
+    for segment in &trace.segments {
+        let mask = u8::from(segment.kind == policy_kind);
+        assert_eq!(segment.loss_mask, vec![mask; segment.token_ids.len()]);
+        assert_eq!(segment.logprobs.len(), if mask == 1 { segment.token_ids.len() } else { 0 });
+    }
+    assert_eq!(trace.drift_events, 0, "tool-calling turns re-render to the sampled tokens");
     Ok(())
 }
