@@ -32,6 +32,23 @@ pub enum ErrorKind {
     Internal,
 }
 
+impl ErrorKind {
+    /// A short label for metrics and logs (`invalid_argument`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            ErrorKind::InvalidArgument => "invalid_argument",
+            ErrorKind::NotFound => "not_found",
+            ErrorKind::AlreadyExists => "already_exists",
+            ErrorKind::FailedPrecondition => "failed_precondition",
+            ErrorKind::ResourceExhausted { .. } => "resource_exhausted",
+            ErrorKind::Unavailable => "unavailable",
+            ErrorKind::Unauthenticated => "unauthenticated",
+            ErrorKind::Unimplemented => "unimplemented",
+            ErrorKind::Internal => "internal",
+        }
+    }
+}
+
 /// Implemented by each service's error type to classify its variants.
 pub trait ServiceError: std::error::Error {
     fn kind(&self) -> ErrorKind;

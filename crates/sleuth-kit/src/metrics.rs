@@ -2,7 +2,7 @@
 //! registry and the kit serves them as text at `GET /metrics` on the gRPC
 //! port (HTTP/1.1 is accepted for that), beside health and outside auth.
 
-pub use prometheus::{Histogram, HistogramOpts, IntCounter, IntGauge, Opts};
+pub use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts};
 
 /// Registers a metric built by `make` in the process-wide registry. Metrics
 /// are process-wide: keep the result in a `LazyLock` so several servers in
@@ -25,6 +25,16 @@ pub fn counter(name: &str, help: &str) -> IntCounter {
 /// A gauge `name` with `help`, registered.
 pub fn gauge(name: &str, help: &str) -> IntGauge {
     register(IntGauge::new(name, help).expect("valid metric name"))
+}
+
+/// A counter `name` with one series per value of `labels`, registered.
+pub fn counter_vec(name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    register(IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric name"))
+}
+
+/// A gauge `name` with one series per value of `labels`, registered.
+pub fn gauge_vec(name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    register(IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric name"))
 }
 
 /// A histogram `name` with `help` and bucket upper bounds, registered.

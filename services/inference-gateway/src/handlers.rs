@@ -10,6 +10,8 @@ use tonic::{Request, Response, Status};
 use crate::conversation::Renderer;
 use crate::episode::{EpisodeRecord, TraceStore};
 use crate::error::Error;
+use crate::metrics::METRICS;
+use sleuth_kit::ServiceError;
 
 /// What to do when the conversation no longer matches the recorded tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -63,7 +65,7 @@ fn tool_json(tool: &ToolSpec) -> Result<Json, Error> {
 #[tonic::async_trait]
 impl InferenceGateway for Handlers {
     async fn chat(&self, request: Request<pb::ChatRequest>) -> Result<Response<pb::ChatResponse>, Status> {
-        Ok(Response::new(self.turn(request.into_inner()).await?))
+        Ok(Response::new(self.turn("grpc", request.into_inner()).await?))
     }
 
     async fn get_trace(&self, request: Request<pb::GetTraceRequest>) -> Result<Response<Trace>, Status> {
@@ -84,7 +86,25 @@ impl InferenceGateway for Handlers {
 
 impl Handlers {
     /// One assistant turn: what both front doors (gRPC Chat, OpenAI HTTP) run.
-    pub async fn turn(&self, request: pb::ChatRequest) -> Result<pb::ChatResponse, Error> {
+    pub async fn turn(&self, front_door: &str, request: pb::ChatRequest) -> Result<pb::ChatResponse, Error> {
+        let started = std::time::Instant::now();
+        let result = self.recorded_turn(request).await;
+        let outcome = match &result {
+            Ok((response, policy_wait)) => {
+                METRICS.overhead_seconds.observe(started.elapsed().saturating_sub(*policy_wait).as_secs_f64());
+                let usage = response.usage.clone().unwrap_or_default();
+                METRICS.prompt_tokens.inc_by(u64::from(usage.prompt_tokens));
+                METRICS.completion_tokens.inc_by(u64::from(usage.completion_tokens));
+                "ok"
+            }
+            Err(error) => error.kind().name(),
+        };
+        METRICS.turns.with_label_values(&[front_door, outcome]).inc();
+        result.map(|(response, _)| response)
+    }
+
+    /// A turn, and how long it waited on the policy server.
+    async fn recorded_turn(&self, request: pb::ChatRequest) -> Result<(pb::ChatResponse, std::time::Duration), Error> {
         let episode = request.episode_id.trim().to_owned();
         if episode.is_empty() {
             return Err(Error::InvalidArgument("episode_id must not be empty".to_owned()));
@@ -107,6 +127,7 @@ impl Handlers {
         let next = self.renderer.next_prompt(&recorded, seen, &messages, &tools)?;
         if next.drift {
             record.trace_mut().drift_events += 1;
+            METRICS.drift_events.inc();
             tracing::warn!(episode = %episode, "conversation drifted from the recorded tokens");
             if self.on_drift == OnDrift::Fail {
                 self.traces.save(&episode, &record).await?;
@@ -129,7 +150,9 @@ impl Handlers {
             sampling: Some(sampling),
             return_model_logprobs: false,
         };
+        let policy_started = std::time::Instant::now();
         let (replica, generated) = self.policy.generate(&episode, generate).await?;
+        let policy_wait = policy_started.elapsed();
         tracing::debug!(episode = %episode, %replica, tokens = generated.token_ids.len(), "turn generated");
 
         let turn = record
@@ -148,6 +171,7 @@ impl Handlers {
         let reply = sleuth_chat::parse_reply(&self.renderer.decode(&generated.token_ids)?);
         if reply.malformed {
             record.trace_mut().malformed_tool_calls += 1;
+            METRICS.malformed_tool_calls.inc();
         }
         record.messages_seen = messages.len() as u32 + 1;
         self.traces.save(&episode, &record).await?;
@@ -169,7 +193,7 @@ impl Handlers {
                 arguments_json: call.arguments_json.clone(),
             })
             .collect();
-        Ok(pb::ChatResponse {
+        let response = pb::ChatResponse {
             message: Some(ChatMessage {
                 role: "assistant".into(),
                 content: reply.content,
@@ -187,6 +211,7 @@ impl Handlers {
             drift: next.drift,
             token_ids: if request.logprobs { generated.token_ids } else { Vec::new() },
             logprobs: if request.logprobs { generated.logprobs } else { Vec::new() },
-        })
+        };
+        Ok((response, policy_wait))
     }
 }

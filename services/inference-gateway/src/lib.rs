@@ -8,14 +8,17 @@
 //! - [`handlers`] serves `Chat`, `GetTrace` and `FinishEpisode`;
 //! - [`openai`] serves the same turns as OpenAI-compatible HTTP.
 //!
-//! - [`routing`] keeps each episode on one policy-server replica, with failover.
+//! - [`routing`] keeps each episode on one policy-server replica, with failover;
+//! - [`metrics`] counts turns, tokens, drift, malformed calls, per-replica load
+//!   and the latency the gateway adds.
 //!
-//! Not yet here: discovery beyond a static list (DNS, Kubernetes), metrics.
+//! Not yet here: discovery beyond a static list (DNS, Kubernetes).
 
 pub mod conversation;
 pub mod episode;
 pub mod error;
 pub mod handlers;
+pub mod metrics;
 pub mod openai;
 pub mod routing;
 
@@ -52,6 +55,11 @@ pub struct Config {
     #[arg(long, env = "SLEUTH_POLICY_SERVERS", value_delimiter = ',', default_value = "127.0.0.1:50055")]
     pub policy_servers: Vec<String>,
 
+    /// Longest a policy replica may take for one turn (queueing included)
+    /// before the turn fails with UNAVAILABLE (not retried elsewhere).
+    #[arg(long, env = "SLEUTH_POLICY_TIMEOUT", default_value = "5m", value_parser = humantime::parse_duration)]
+    pub policy_timeout: Duration,
+
     /// The served model's directory, for its chat template and tokenizer.
     /// Default: the SmolLM2-135M-Instruct that `make setup` imports.
     #[arg(long, env = "SLEUTH_MODEL")]
@@ -87,7 +95,7 @@ pub async fn run(
     let redis = RedisStore::open(&config.redis.redis_url)?;
     let model = config.model.clone().unwrap_or_else(sleuth_kit::config::default_model_dir);
     let renderer = conversation::Renderer::load(&model)?;
-    let policy = routing::Replicas::new(&config.policy_servers, token.as_ref())?;
+    let policy = routing::Replicas::new(&config.policy_servers, token.as_ref(), config.policy_timeout)?;
     let handlers = std::sync::Arc::new(Handlers {
         renderer,
         traces: episode::TraceStore::new(redis.clone(), config.trace_ttl),

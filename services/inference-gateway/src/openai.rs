@@ -218,7 +218,7 @@ async fn complete(state: &AppState, episode: String, body: Value) -> Result<Json
         }),
         logprobs: request.logprobs,
     };
-    let response = state.handlers.turn(chat).await.map_err(ApiError)?;
+    let response = state.handlers.turn("http", chat).await.map_err(ApiError)?;
     let message = response.message.unwrap_or_default();
     let tool_calls: Vec<Value> = message
         .tool_calls

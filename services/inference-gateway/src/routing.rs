@@ -7,13 +7,18 @@
 //! that replica cannot be reached, the turn fails over to the next-highest
 //! one; a turn is only retried when the policy server generated nothing
 //! (its Generate is all-or-nothing), so no token is ever produced twice.
+//! A replica that is up but slower than the per-request timeout is not
+//! retried elsewhere: that would double the load exactly when it is highest.
 
 use sleuth_kit::client::MeshChannel;
 use sleuth_proto::policy::v1::policy_server_client::PolicyServerClient;
 use sleuth_proto::policy::v1::{GenerateRequest, GenerateResponse};
+use std::time::Duration;
+
 use tonic::Code;
 
 use crate::error::Error;
+use crate::metrics::METRICS;
 
 /// A policy-server replica.
 #[derive(Clone)]
@@ -26,10 +31,16 @@ pub struct Replica {
 #[derive(Clone)]
 pub struct Replicas {
     replicas: Vec<Replica>,
+    timeout: Duration,
 }
 
 impl Replicas {
-    pub fn new(addresses: &[String], token: Option<&sleuth_kit::BearerToken>) -> Result<Self, Error> {
+    /// `timeout` bounds each Generate call (sent to the replica as `grpc-timeout` too).
+    pub fn new(
+        addresses: &[String],
+        token: Option<&sleuth_kit::BearerToken>,
+        timeout: Duration,
+    ) -> Result<Self, Error> {
         if addresses.is_empty() {
             return Err(Error::InvalidArgument("policy_servers must name at least one replica".to_owned()));
         }
@@ -42,7 +53,7 @@ impl Replicas {
                 })
             })
             .collect::<Result<Vec<_>, Error>>()?;
-        Ok(Self { replicas })
+        Ok(Self { replicas, timeout })
     }
 
     /// Replicas in the order `episode` tries them: its own first.
@@ -57,14 +68,30 @@ impl Replicas {
     pub async fn generate(&self, episode: &str, request: GenerateRequest) -> Result<(String, GenerateResponse), Error> {
         let mut last = None;
         for replica in self.order(episode) {
-            match replica.client.clone().generate(request.clone()).await {
-                Ok(response) => return Ok((replica.address.clone(), response.into_inner())),
+            let in_flight = METRICS.replica_in_flight.with_label_values(&[replica.address.as_str()]);
+            in_flight.inc();
+            let mut call = tonic::Request::new(request.clone());
+            call.set_timeout(self.timeout);
+            let result = tokio::time::timeout(self.timeout, replica.client.clone().generate(call)).await;
+            in_flight.dec();
+            match result {
+                Ok(Ok(response)) => return Ok((replica.address.clone(), response.into_inner())),
                 // Nothing was generated: the replica is down or overloaded; try the next.
-                Err(status) if matches!(status.code(), Code::Unavailable | Code::ResourceExhausted | Code::Unknown) => {
+                Ok(Err(status))
+                    if matches!(status.code(), Code::Unavailable | Code::ResourceExhausted | Code::Unknown) =>
+                {
                     tracing::warn!(episode, replica = %replica.address, code = ?status.code(), "policy replica failed, trying the next");
+                    METRICS.replica_failures.with_label_values(&[replica.address.as_str()]).inc();
                     last = Some(status);
                 }
-                Err(status) => return Err(Error::Policy(status)),
+                Ok(Err(status)) => return Err(Error::Policy(status)),
+                Err(_) => {
+                    return Err(Error::Policy(tonic::Status::deadline_exceeded(format!(
+                        "policy replica {} did not answer within policy_timeout {}",
+                        replica.address,
+                        humantime::format_duration(self.timeout)
+                    ))));
+                }
             }
         }
         Err(Error::Policy(last.unwrap_or_else(|| tonic::Status::unavailable("no policy replica"))))
@@ -91,7 +118,7 @@ mod tests {
 
     fn replicas(addresses: &[&str]) -> Replicas {
         let addresses: Vec<String> = addresses.iter().map(|a| a.to_string()).collect();
-        Replicas::new(&addresses, None).unwrap()
+        Replicas::new(&addresses, None, Duration::from_secs(1)).unwrap()
     }
 
     #[tokio::test]

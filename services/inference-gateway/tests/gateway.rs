@@ -310,7 +310,7 @@ async fn episodes_stick_to_a_replica_and_fail_over_when_it_dies() -> Result<()> 
     let mut gateway = InferenceGatewayClient::new(connect(&gateway_addr, None, Duration::from_secs(5)).await?);
 
     // An episode whose own replica is the first one.
-    let routing = inference_gateway::routing::Replicas::new(&[first_addr.clone(), second_addr.clone()], None)?;
+    let routing = inference_gateway::routing::Replicas::new(&[first_addr.clone(), second_addr.clone()], None, Duration::from_secs(60))?;
     let episode = (0..100)
         .map(|i| format!("sticky-{i}"))
         .find(|e| routing.order(e)[0].address == first_addr)
@@ -495,5 +495,16 @@ async fn a_five_turn_tool_episode_is_traced_exactly() -> Result<()> {
         assert_eq!(segment.logprobs.len(), if mask == 1 { segment.token_ids.len() } else { 0 });
     }
     assert_eq!(trace.drift_events, 0, "tool-calling turns re-render to the sampled tokens");
+
+    // The turns show in the gateway's metrics (process-wide, shared with other tests).
+    let metrics = sleuth_kit::metrics::render();
+    for series in [
+        "sleuth_gateway_turns_total{front_door=\"grpc\",result=\"ok\"}".to_owned(),
+        format!("sleuth_gateway_replica_in_flight{{replica=\"{policy_addr}\"}} 0"),
+        "sleuth_gateway_overhead_seconds_count".to_owned(),
+        "sleuth_gateway_completion_tokens_total".to_owned(),
+    ] {
+        assert!(metrics.contains(&series), "{series} missing from:\n{metrics}");
+    }
     Ok(())
 }
