@@ -46,6 +46,7 @@ demo: build
 bench: setup
 	cargo bench -p tool-gateway --bench retrieval
 	cargo bench -p policy-server --bench generation
+	cargo bench -p inference-gateway --bench overhead
 
 # Code generation runs in crates/sleuth-proto/build.rs; this only forces it.
 proto: setup

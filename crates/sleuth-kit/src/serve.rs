@@ -107,6 +107,11 @@ pub async fn serve(
         // Prometheus scrapes /metrics over HTTP/1.1; gRPC stays HTTP/2.
         .accept_http1(true)
         .timeout(args.request_timeout)
+        // Mesh clients multiplex on one connection (a gateway sends every
+        // episode's turns to a replica over one channel); hyper's default of
+        // 200 streams would queue the rest on the client while the server
+        // still has capacity. The concurrency limit layer is the real bound.
+        .max_concurrent_streams(Some(args.max_concurrent_requests))
         .add_routes(routes)
         .serve_with_incoming_shutdown(TcpIncoming::from(listener), on_shutdown);
 

@@ -11,6 +11,7 @@
 //! batches); [`Model::forward_with_cache`] serves inference with a KV cache.
 
 pub mod config;
+pub mod export;
 pub mod load;
 pub mod model;
 pub mod sampling;

@@ -7,6 +7,8 @@
 //! `/usr/lib/postgresql/<version>/bin`. `make setup` installs all of them; a
 //! missing one fails the test with a message that says so.
 
+pub mod service;
+
 use std::fs::File;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};

@@ -92,7 +92,7 @@ impl Handlers {
         let outcome = match &result {
             Ok((response, policy_wait)) => {
                 METRICS.overhead_seconds.observe(started.elapsed().saturating_sub(*policy_wait).as_secs_f64());
-                let usage = response.usage.clone().unwrap_or_default();
+                let usage = response.usage.unwrap_or_default();
                 METRICS.prompt_tokens.inc_by(u64::from(usage.prompt_tokens));
                 METRICS.completion_tokens.inc_by(u64::from(usage.completion_tokens));
                 "ok"

@@ -3,18 +3,14 @@
 //! detected, and traces survive a gateway restart.
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, Result};
-use clap::Parser;
 use sleuth_kit::client::{MeshChannel, connect};
 use sleuth_proto::common::v1::{ChatMessage, SamplingParams, SegmentKind, ToolSpec, Trace};
 use sleuth_proto::inference::v1 as pb;
 use sleuth_proto::inference::v1::inference_gateway_client::InferenceGatewayClient;
 use tonic::Code;
-use tonic_health::pb::HealthCheckRequest;
-use tonic_health::pb::health_check_response::ServingStatus;
-use tonic_health::pb::health_client::HealthClient;
 
 fn model() -> Option<PathBuf> {
     let dir = sleuth_testkit::cache_dir().ok()?.join("models/smollm2-135m-instruct");
@@ -24,52 +20,8 @@ fn model() -> Option<PathBuf> {
     })
 }
 
-async fn serving(addr: &str, service: &str) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let channel = connect(addr, None, Duration::from_secs(5)).await?;
-        let status = HealthClient::new(channel)
-            .check(HealthCheckRequest { service: service.into() })
-            .await?
-            .into_inner()
-            .status();
-        if status == ServingStatus::Serving {
-            return Ok(());
-        }
-        anyhow::ensure!(Instant::now() < deadline, "{service} at {addr} never became SERVING");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-/// Starts a server from its binary name's `Config` and `run`, returning its address.
-macro_rules! start {
-    ($krate:ident, $args:expr) => {{
-        let config = $krate::Config::try_parse_from($args)?;
-        let listener = tokio::net::TcpListener::bind(config.listen).await?;
-        let addr = listener.local_addr()?.to_string();
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let server = tokio::spawn($krate::run(config, listener, async {
-            let _ = stopped.await;
-        }));
-        (addr, Running { _stop: stop, server })
-    }};
-}
-
-/// A server started by `start!`: dropping it stops the server; `stop` also waits until it has.
-struct Running<E> {
-    _stop: tokio::sync::oneshot::Sender<()>,
-    server: tokio::task::JoinHandle<Result<(), E>>,
-}
-
-impl<E> Running<E> {
-    async fn stop(self) -> Result<()> {
-        drop(self._stop);
-        tokio::time::timeout(Duration::from_secs(30), self.server)
-            .await??
-            .map_err(|_| anyhow::anyhow!("server failed"))?;
-        Ok(())
-    }
-}
+use sleuth_testkit::service::wait_serving as serving;
+use sleuth_testkit::start_service as start;
 
 fn user(text: &str) -> ChatMessage {
     ChatMessage { role: "user".into(), content: text.into(), ..Default::default() }
@@ -310,7 +262,11 @@ async fn episodes_stick_to_a_replica_and_fail_over_when_it_dies() -> Result<()> 
     let mut gateway = InferenceGatewayClient::new(connect(&gateway_addr, None, Duration::from_secs(5)).await?);
 
     // An episode whose own replica is the first one.
-    let routing = inference_gateway::routing::Replicas::new(&[first_addr.clone(), second_addr.clone()], None, Duration::from_secs(60))?;
+    let routing = inference_gateway::routing::Replicas::new(
+        &[first_addr.clone(), second_addr.clone()],
+        None,
+        Duration::from_secs(60),
+    )?;
     let episode = (0..100)
         .map(|i| format!("sticky-{i}"))
         .find(|e| routing.order(e)[0].address == first_addr)
@@ -481,7 +437,7 @@ async fn a_five_turn_tool_episode_is_traced_exactly() -> Result<()> {
         // What the policy server received this turn is every token before its
         // sampled segment; what it generated is that segment.
         let before: usize = trace.segments[..at].iter().map(|s| s.token_ids.len()).sum();
-        let usage = response.usage.clone().context("usage")?;
+        let usage = response.usage.context("usage")?;
         assert_eq!(before, usage.prompt_tokens as usize, "turn {turn} prompt");
         let segment = &trace.segments[at];
         assert_eq!(segment.token_ids, response.token_ids, "turn {turn} tokens");

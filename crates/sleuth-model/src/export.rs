@@ -1,0 +1,116 @@
+//! Writing models as HF-format directories (config.json, model.safetensors,
+//! tokenizer files) that the policy server and `transformers` both load:
+//! the learner's merged checkpoints, and tiny random policies for tests and
+//! benchmarks of the machinery around the model.
+
+use std::path::Path;
+
+use serde_json::{Value as Json, json};
+use tch::nn::VarStore;
+use tch::{Device, Kind, Tensor};
+
+use crate::{Config, Model, ModelError};
+
+/// Files besides config and weights that make a directory a usable model.
+const TOKENIZER_FILES: [&str; 4] =
+    ["tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"];
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ModelError + '_ {
+    move |source| ModelError::Io { path: path.display().to_string(), source }
+}
+
+/// Writes `tensors` (HF names) as `dir/model.safetensors`, then `config` as
+/// `dir/config.json`, and copies the tokenizer files of `tokenizer_dir`.
+/// The weights are written to a temporary name and renamed, so a crash never
+/// leaves a truncated file under the real name.
+pub fn save_hf_dir(
+    tensors: &[(String, Tensor)],
+    config: &Json,
+    tokenizer_dir: &Path,
+    dir: &Path,
+) -> Result<(), ModelError> {
+    std::fs::create_dir_all(dir).map_err(io(dir))?;
+    let partial = dir.join("model.safetensors.partial");
+    let named: Vec<(&str, Tensor)> =
+        tensors.iter().map(|(name, t)| (name.as_str(), t.to_device(Device::Cpu).contiguous())).collect();
+    Tensor::write_safetensors(&named, &partial)?;
+    let weights = dir.join("model.safetensors");
+    std::fs::rename(&partial, &weights).map_err(io(&weights))?;
+    let config_path = dir.join("config.json");
+    let text = serde_json::to_string_pretty(config).map_err(|e| ModelError::Weights(e.to_string()))?;
+    std::fs::write(&config_path, text).map_err(io(&config_path))?;
+    for file in TOKENIZER_FILES {
+        let source = tokenizer_dir.join(file);
+        if source.is_file() {
+            let target = dir.join(file);
+            std::fs::copy(&source, &target).map_err(io(&target))?;
+        }
+    }
+    Ok(())
+}
+
+/// The shape of a tiny random Llama.
+#[derive(Debug, Clone, Copy)]
+pub struct TinyShape {
+    pub hidden_size: i64,
+    pub layers: i64,
+    pub heads: i64,
+    pub kv_heads: i64,
+    pub intermediate_size: i64,
+}
+
+impl Default for TinyShape {
+    fn default() -> Self {
+        Self { hidden_size: 64, layers: 2, heads: 4, kv_heads: 2, intermediate_size: 128 }
+    }
+}
+
+/// Writes a randomly initialised Llama of `shape` that uses the tokenizer and
+/// chat template of the model in `tokenizer_dir` (so the whole mesh runs on
+/// it) to `dir`. Weights are N(0, 0.02) as HF initialises them, norms 1,
+/// reproducible from `seed`.
+pub fn write_random_llama(tokenizer_dir: &Path, dir: &Path, shape: TinyShape, seed: i64) -> Result<(), ModelError> {
+    let base_path = tokenizer_dir.join("config.json");
+    let base: Json = serde_json::from_str(&std::fs::read_to_string(&base_path).map_err(io(&base_path))?)
+        .map_err(|e| ModelError::Config { path: base_path.display().to_string(), message: e.to_string() })?;
+    let config_json = json!({
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": base["vocab_size"],
+        "hidden_size": shape.hidden_size,
+        "intermediate_size": shape.intermediate_size,
+        "num_hidden_layers": shape.layers,
+        "num_attention_heads": shape.heads,
+        "num_key_value_heads": shape.kv_heads,
+        "head_dim": shape.hidden_size / shape.heads,
+        "hidden_act": "silu",
+        "max_position_embeddings": 8192,
+        "rms_norm_eps": 1e-5,
+        "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
+        "tie_word_embeddings": true,
+        "attention_bias": false,
+        "mlp_bias": false,
+        "bos_token_id": base["bos_token_id"],
+        "eos_token_id": base["eos_token_id"],
+        "pad_token_id": base["pad_token_id"],
+        "dtype": "float32",
+    });
+    let config: Config = serde_json::from_value(config_json.clone())
+        .map_err(|e| ModelError::Config { path: "tiny config".into(), message: e.to_string() })?;
+    tch::manual_seed(seed);
+    let vars = VarStore::new(Device::Cpu);
+    let _model = Model::new(&vars.root(), &config);
+    let mut tensors = Vec::new();
+    tch::no_grad(|| {
+        for (name, var) in vars.variables() {
+            let value = if name.ends_with("norm.weight") {
+                Tensor::ones(var.size(), (Kind::Float, Device::Cpu))
+            } else {
+                Tensor::randn(var.size(), (Kind::Float, Device::Cpu)) * 0.02
+            };
+            tensors.push((name, value));
+        }
+    });
+    tensors.sort_by(|a, b| a.0.cmp(&b.0));
+    save_hf_dir(&tensors, &config_json, tokenizer_dir, dir)
+}

@@ -1,0 +1,65 @@
+//! Sleuth's own services inside a test process: started from their `Config`
+//! and `run` on a loopback port, stopped when the handle drops.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+
+pub use clap;
+
+/// Starts a service crate's server (`$krate::Config` parsed from `$args`,
+/// then `$krate::run`) and returns `(address, Running)`.
+#[macro_export]
+macro_rules! start_service {
+    ($krate:ident, $args:expr) => {{
+        use $crate::service::clap::Parser as _;
+        let config = $krate::Config::try_parse_from($args)?;
+        let listener = ::tokio::net::TcpListener::bind(config.listen).await?;
+        let addr = listener.local_addr()?.to_string();
+        let (stop, stopped) = ::tokio::sync::oneshot::channel::<()>();
+        let server = ::tokio::spawn($krate::run(config, listener, async {
+            let _ = stopped.await;
+        }));
+        (addr, $crate::service::Running::new(stop, server))
+    }};
+}
+
+/// A server started by [`start_service!`]: dropping it stops the server;
+/// [`Running::stop`] also waits until it has.
+pub struct Running<E> {
+    stop: tokio::sync::oneshot::Sender<()>,
+    server: tokio::task::JoinHandle<Result<(), E>>,
+}
+
+impl<E: std::fmt::Display> Running<E> {
+    pub fn new(stop: tokio::sync::oneshot::Sender<()>, server: tokio::task::JoinHandle<Result<(), E>>) -> Self {
+        Self { stop, server }
+    }
+
+    pub async fn stop(self) -> Result<()> {
+        drop(self.stop);
+        match tokio::time::timeout(Duration::from_secs(30), self.server).await?? {
+            Ok(()) => Ok(()),
+            Err(error) => anyhow::bail!("server failed: {error}"),
+        }
+    }
+}
+
+/// Waits (up to two minutes) until `service` at `addr` reports SERVING.
+pub async fn wait_serving(addr: &str, service: &str) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?;
+        if let Ok(channel) = endpoint.connect().await {
+            let status = HealthClient::new(channel).check(HealthCheckRequest { service: service.into() }).await;
+            if status.is_ok_and(|s| s.into_inner().status() == ServingStatus::Serving) {
+                return Ok(());
+            }
+        }
+        anyhow::ensure!(Instant::now() < deadline, "{service} at {addr} never became SERVING");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
