@@ -110,8 +110,10 @@ pub async fn serve(
         // Mesh clients multiplex on one connection (a gateway sends every
         // episode's turns to a replica over one channel); hyper's default of
         // 200 streams would queue the rest on the client while the server
-        // still has capacity. The concurrency limit layer is the real bound.
-        .max_concurrent_streams(Some(args.max_concurrent_requests))
+        // still has capacity. Above the concurrency limit, so that excess
+        // calls reach the load shedder and get retry advice instead of
+        // waiting unseen in a client queue, and health checks still fit.
+        .max_concurrent_streams(Some(args.max_concurrent_requests.saturating_add(256)))
         .add_routes(routes)
         .serve_with_incoming_shutdown(TcpIncoming::from(listener), on_shutdown);
 
