@@ -6,6 +6,9 @@
 //! libtorch computes on the configured device; `GetStatus` and
 //! `ListCheckpoints` answer `Unimplemented` until the learner work lands.
 
+pub mod advantage;
+pub mod loss;
+
 use std::future::Future;
 use std::net::SocketAddr;
 
