@@ -7,7 +7,11 @@
 //! `ListCheckpoints` answer `Unimplemented` until the learner work lands.
 
 pub mod advantage;
+pub mod batch;
+pub mod collective;
 pub mod loss;
+pub mod shard;
+pub mod trainer;
 
 use std::future::Future;
 use std::net::SocketAddr;

@@ -1,0 +1,164 @@
+//! From trajectory groups to training samples: each episode's trace becomes
+//! one token sequence with its loss mask, the sampler's logprobs of the
+//! sampled tokens and the episode's advantage.
+
+use sleuth_proto::common::v1::TrajectoryGroup;
+
+use crate::advantage::{Estimator, advantages};
+
+/// One episode, ready for the model. `mask`, `behaviour` are per token of
+/// `tokens`: the model predicts token j from tokens ..j, so the first token
+/// is never trained on.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    pub tokens: Vec<i64>,
+    pub mask: Vec<f32>,
+    pub behaviour: Vec<f32>,
+    pub advantage: f32,
+}
+
+impl Sample {
+    pub fn trainable_tokens(&self) -> usize {
+        self.mask.iter().skip(1).filter(|&&m| m > 0.5).count()
+    }
+}
+
+/// A group that cannot be trained on, with the reason naming the place.
+#[derive(Debug, thiserror::Error, PartialEq)]
+#[error("group {group_id:?}: {message}")]
+pub struct BadGroup {
+    pub group_id: String,
+    pub message: String,
+}
+
+/// The samples of one group; `None` when the group has no reward spread
+/// (filtered: it would only add noise).
+pub fn samples(group: &TrajectoryGroup, estimator: Estimator) -> Result<Option<Vec<Sample>>, BadGroup> {
+    let bad = |message: String| BadGroup { group_id: group.group_id.clone(), message };
+    if group.episodes.is_empty() {
+        return Err(bad("has no episodes".into()));
+    }
+    let rewards: Vec<f64> = group.episodes.iter().map(|e| e.reward).collect();
+    if let Some(r) = rewards.iter().find(|r| !r.is_finite()) {
+        return Err(bad(format!("reward {r} is not finite")));
+    }
+    let Some(advantages) = advantages(estimator, &rewards) else { return Ok(None) };
+    group
+        .episodes
+        .iter()
+        .zip(advantages)
+        .map(|(episode, advantage)| {
+            let mut sample = sequence(episode).map_err(|m| bad(format!("episode {:?}: {m}", episode.episode_id)))?;
+            sample.advantage = advantage as f32;
+            Ok(sample)
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map(Some)
+}
+
+/// All of a group's episodes as samples without advantages (trajectory SFT).
+pub fn sft_samples(group: &TrajectoryGroup) -> Result<Vec<Sample>, BadGroup> {
+    group
+        .episodes
+        .iter()
+        .map(|episode| {
+            sequence(episode).map_err(|message| BadGroup {
+                group_id: group.group_id.clone(),
+                message: format!("episode {:?}: {message}", episode.episode_id),
+            })
+        })
+        .collect()
+}
+
+fn sequence(episode: &sleuth_proto::common::v1::Episode) -> Result<Sample, String> {
+    let trace = episode.trace.as_ref().ok_or("has no trace")?;
+    let mut sample = Sample { tokens: Vec::new(), mask: Vec::new(), behaviour: Vec::new(), advantage: 0.0 };
+    for (index, segment) in trace.segments.iter().enumerate() {
+        let n = segment.token_ids.len();
+        if segment.loss_mask.len() != n {
+            return Err(format!(
+                "segment {index} has {n} token_ids but {} loss_mask entries",
+                segment.loss_mask.len()
+            ));
+        }
+        let sampled = segment.loss_mask.iter().any(|&m| m != 0);
+        if sampled && segment.logprobs.len() != n {
+            return Err(format!(
+                "segment {index} has {n} sampled tokens but {} logprobs",
+                segment.logprobs.len()
+            ));
+        }
+        if let Some(bad) = segment.loss_mask.iter().find(|&&m| m > 1) {
+            return Err(format!("segment {index} has loss_mask value {bad} (0 or 1)"));
+        }
+        sample.tokens.extend(segment.token_ids.iter().map(|&t| i64::from(t)));
+        sample.mask.extend(segment.loss_mask.iter().map(|&m| f32::from(m)));
+        if sampled {
+            sample.behaviour.extend_from_slice(&segment.logprobs);
+        } else {
+            sample.behaviour.extend(std::iter::repeat_n(0.0, n));
+        }
+    }
+    if sample.tokens.len() < 2 {
+        return Err(format!("trace has {} tokens; at least 2 are needed", sample.tokens.len()));
+    }
+    Ok(sample)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sleuth_proto::common::v1::{Episode, SegmentKind, Trace, TraceSegment};
+
+    fn episode(id: &str, reward: f64, sampled: &[u32]) -> Episode {
+        Episode {
+            episode_id: id.into(),
+            reward,
+            trace: Some(Trace {
+                segments: vec![
+                    TraceSegment {
+                        kind: SegmentKind::Prompt as i32,
+                        token_ids: vec![1, 2, 3],
+                        loss_mask: vec![0; 3],
+                        ..Default::default()
+                    },
+                    TraceSegment {
+                        kind: SegmentKind::Policy as i32,
+                        token_ids: sampled.to_vec(),
+                        loss_mask: vec![1; sampled.len()],
+                        logprobs: vec![-0.5; sampled.len()],
+                        ..Default::default()
+                    },
+                ],
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn traces_become_aligned_samples() {
+        let group = TrajectoryGroup {
+            group_id: "g".into(),
+            episodes: vec![episode("a", 1.0, &[7, 8]), episode("b", 0.0, &[9])],
+            ..Default::default()
+        };
+        let samples = samples(&group, Estimator::DrGrpo).unwrap().unwrap();
+        assert_eq!(samples[0].tokens, [1, 2, 3, 7, 8]);
+        assert_eq!(samples[0].mask, [0.0, 0.0, 0.0, 1.0, 1.0]);
+        assert_eq!(samples[0].behaviour, [0.0, 0.0, 0.0, -0.5, -0.5]);
+        assert_eq!((samples[0].advantage, samples[1].advantage), (0.5, -0.5));
+        assert_eq!(samples[0].trainable_tokens(), 2);
+    }
+
+    #[test]
+    fn flat_groups_are_filtered_and_corrupt_ones_named() {
+        let flat = TrajectoryGroup { episodes: vec![episode("a", 1.0, &[7]), episode("b", 1.0, &[8])], ..Default::default() };
+        assert_eq!(samples(&flat, Estimator::Grpo), Ok(None));
+        let mut broken = episode("b", 0.0, &[8, 9]);
+        broken.trace.as_mut().unwrap().segments[1].logprobs.pop();
+        let group = TrajectoryGroup { group_id: "g7".into(), episodes: vec![episode("a", 1.0, &[7]), broken], ..Default::default() };
+        let error = samples(&group, Estimator::Grpo).unwrap_err().to_string();
+        assert!(error.contains("group \"g7\": episode \"b\": segment 1 has 2 sampled tokens but 1 logprobs"), "{error}");
+    }
+}

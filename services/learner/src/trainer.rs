@@ -1,0 +1,269 @@
+//! One optimizer step over a batch of samples, sharded across ranks.
+//!
+//! Every rank receives the whole step's samples (rank 0 reads the stream and
+//! broadcasts them), cuts them into the same micro-batches, and trains on
+//! micro-batches `rank, rank + N, ...`. Loss denominators are the totals of
+//! the whole step, so the summed gradients equal a single rank's exactly
+//! (up to f32 rounding of the f64 sums).
+
+use std::time::Instant;
+
+use sleuth_model::Model;
+use tch::nn::VarStore;
+use tch::{Device, Kind, Tensor};
+
+use crate::batch::Sample;
+use crate::collective::{Collective, CollectiveError};
+use crate::loss::{Aggregation, LossConfig, LossInputs, Totals, policy_loss, sft_loss};
+use crate::shard::{AdamW, Layout, Shard, accumulate_grads, all_gather_params, flatten, reduce_scatter_grads, unflatten};
+
+/// Reinforcement learning from group advantages, or supervised fine-tuning
+/// on teacher trajectories.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Objective {
+    Rl(LossConfig),
+    Sft(Aggregation),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TrainerConfig {
+    pub objective: Objective,
+    pub optimizer: AdamW,
+    /// Global gradient-norm clip; 0 = off.
+    pub max_grad_norm: f64,
+    /// Samples per forward/backward pass.
+    pub micro_batch: usize,
+}
+
+/// What one step did, averaged over the step's trainable tokens.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct StepStats {
+    pub step: u64,
+    pub loss: f64,
+    pub sequences: f64,
+    pub tokens: f64,
+    pub clip_fraction: f64,
+    pub ratio_mean: f64,
+    pub ratio_max: f64,
+    pub kl: f64,
+    pub entropy: f64,
+    /// Mean |learner - sampler| logprob of the sampled tokens.
+    pub logprob_mismatch: f64,
+    pub grad_norm: f64,
+    pub learning_rate: f64,
+    pub tokens_per_second: f64,
+    pub advantage_mean: f64,
+    pub advantage_std: f64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    #[error(transparent)]
+    Collective(#[from] CollectiveError),
+    #[error("{0}")]
+    Batch(String),
+    #[error(transparent)]
+    Torch(#[from] tch::TchError),
+}
+
+pub struct Trainer {
+    pub vars: VarStore,
+    pub model: Model,
+    pub layout: Layout,
+    pub shard: Shard,
+    reference: Option<(VarStore, Model)>,
+    pub config: TrainerConfig,
+    pub collective: Box<dyn Collective>,
+}
+
+/// Right-padded tensors of a micro-batch: inputs, targets, target mask,
+/// behaviour logprobs, padding mask, advantages.
+struct MicroBatch {
+    inputs: Tensor,
+    targets: Tensor,
+    mask: Tensor,
+    behaviour: Tensor,
+    attention: Tensor,
+    advantages: Tensor,
+}
+
+fn micro_batch(samples: &[&Sample], device: Device) -> MicroBatch {
+    let width = samples.iter().map(|s| s.tokens.len() - 1).max().unwrap_or(1);
+    let rows = samples.len();
+    let (mut inputs, mut targets) = (vec![0i64; rows * width], vec![0i64; rows * width]);
+    let (mut mask, mut behaviour, mut attention) =
+        (vec![0f32; rows * width], vec![0f32; rows * width], vec![0i64; rows * width]);
+    for (row, sample) in samples.iter().enumerate() {
+        let n = sample.tokens.len() - 1;
+        let at = row * width;
+        inputs[at..at + n].copy_from_slice(&sample.tokens[..n]);
+        targets[at..at + n].copy_from_slice(&sample.tokens[1..]);
+        mask[at..at + n].copy_from_slice(&sample.mask[1..]);
+        behaviour[at..at + n].copy_from_slice(&sample.behaviour[1..]);
+        attention[at..at + n].iter_mut().for_each(|a| *a = 1);
+    }
+    let shape = [rows as i64, width as i64];
+    let advantages: Vec<f32> = samples.iter().map(|s| s.advantage).collect();
+    MicroBatch {
+        inputs: Tensor::from_slice(&inputs).view(shape).to_device(device),
+        targets: Tensor::from_slice(&targets).view(shape).to_device(device),
+        mask: Tensor::from_slice(&mask).view(shape).to_device(device),
+        behaviour: Tensor::from_slice(&behaviour).view(shape).to_device(device),
+        attention: Tensor::from_slice(&attention).view(shape).to_device(device),
+        advantages: Tensor::from_slice(&advantages).to_device(device),
+    }
+}
+
+/// Logprobs of `targets` and the entropy of each position's distribution.
+fn token_logprobs(model: &Model, batch: &MicroBatch) -> (Tensor, Tensor) {
+    let logits = model.forward(&batch.inputs, Some(&batch.attention)).to_kind(Kind::Float);
+    let log_probs = logits.log_softmax(-1, Kind::Float);
+    let taken = log_probs.gather(-1, &batch.targets.unsqueeze(-1), false).squeeze_dim(-1);
+    let entropy = tch::no_grad(|| -(log_probs.exp() * &log_probs).sum_dim_intlist(-1, false, Kind::Float));
+    (taken, entropy)
+}
+
+impl Trainer {
+    /// Shards the model held in `vars` over the collective's ranks. Every
+    /// rank must start from the same weights. `reference` is a frozen copy
+    /// for the KL term.
+    pub fn new(
+        vars: VarStore,
+        model: Model,
+        reference: Option<(VarStore, Model)>,
+        config: TrainerConfig,
+        collective: Box<dyn Collective>,
+    ) -> Self {
+        let layout = Layout::new(&vars, collective.world());
+        let shard = Shard::new(layout.slice(&flatten(&vars, &layout), collective.rank()));
+        Self { vars, model, layout, shard, reference, config, collective }
+    }
+
+    /// Replaces this rank's shard (resuming from a checkpoint) and refreshes the model.
+    pub fn restore(&mut self, shard: Shard) -> Result<(), TrainError> {
+        if shard.params.len() != self.layout.shard_len(self.collective.rank()) {
+            return Err(TrainError::Batch(format!(
+                "checkpoint shard has {} parameters, this rank owns {}",
+                shard.params.len(),
+                self.layout.shard_len(self.collective.rank())
+            )));
+        }
+        self.shard = shard;
+        let full = all_gather_params(self.collective.as_mut(), &self.layout, &self.shard.params)?;
+        unflatten(&self.vars, &self.layout, &full);
+        Ok(())
+    }
+
+    /// The current full parameters by HF name (after a step every rank holds them).
+    pub fn named_tensors(&self) -> Vec<(String, Tensor)> {
+        let variables = self.vars.variables();
+        self.layout.entries.iter().map(|e| (e.name.clone(), variables[&e.name].detach().shallow_clone())).collect()
+    }
+
+    /// One optimizer step on `samples` (the whole step's, identical on every rank).
+    pub fn step(&mut self, samples: &[Sample]) -> Result<StepStats, TrainError> {
+        let started = Instant::now();
+        if samples.is_empty() {
+            return Err(TrainError::Batch("a step needs at least one sample".into()));
+        }
+        let device = self.vars.device();
+        let totals = Totals {
+            tokens: samples.iter().map(|s| s.trainable_tokens() as f64).sum(),
+            sequences: samples.len() as f64,
+        };
+        if totals.tokens == 0.0 {
+            return Err(TrainError::Batch("no sample of the step has a trainable token".into()));
+        }
+        let (rank, world) = (self.collective.rank(), self.collective.world());
+        let mut grads = vec![0f64; self.layout.total];
+        // Sums over this rank's micro-batches: loss, entropy, clipped, ratio, kl, mismatch, ratio max.
+        let mut sums = [0f64; 6];
+        let mut ratio_max = 0f64;
+        let chunks: Vec<Vec<&Sample>> =
+            samples.chunks(self.config.micro_batch.max(1)).map(|c| c.iter().collect()).collect();
+        for chunk in chunks.iter().skip(rank).step_by(world) {
+            let batch = micro_batch(chunk, device);
+            let (logprobs, entropy) = token_logprobs(&self.model, &batch);
+            let loss = match self.config.objective {
+                Objective::Rl(config) => {
+                    let reference = match (&self.reference, config.kl_coef > 0.0) {
+                        (Some((_, model)), true) => Some(tch::no_grad(|| token_logprobs(model, &batch).0)),
+                        _ => None,
+                    };
+                    let out = policy_loss(
+                        &config,
+                        &LossInputs {
+                            logprobs: &logprobs,
+                            behaviour: &batch.behaviour,
+                            advantages: &batch.advantages,
+                            mask: &batch.mask,
+                            reference: reference.as_ref(),
+                        },
+                        totals,
+                    );
+                    sums[2] += out.clipped_tokens;
+                    sums[3] += out.ratio_sum;
+                    sums[4] += out.kl_sum;
+                    sums[5] += out.mismatch_sum;
+                    ratio_max = ratio_max.max(out.ratio_max);
+                    out.loss
+                }
+                Objective::Sft(aggregation) => sft_loss(&logprobs, &batch.mask, aggregation, totals),
+            };
+            sums[0] += loss.double_value(&[]);
+            sums[1] += (entropy * &batch.mask).sum(Kind::Double).double_value(&[]);
+            loss.backward();
+            accumulate_grads(&self.vars, &self.layout, &mut grads);
+        }
+        let mut reduced = sums.to_vec();
+        reduced.push(ratio_max);
+        // ratio_max is reduced with the sums: take the max from the gathered values instead.
+        let gathered = self.collective.all_gather(crate::collective::f64_bytes(&reduced))?;
+        let mut totals_sum = [0f64; 6];
+        let mut global_ratio_max = 0f64;
+        for bytes in &gathered {
+            let values: Vec<f64> = crate::collective::bytes_f64(bytes).collect();
+            for (t, v) in totals_sum.iter_mut().zip(&values) {
+                *t += v;
+            }
+            global_ratio_max = global_ratio_max.max(values[6]);
+        }
+
+        let grad = reduce_scatter_grads(self.collective.as_mut(), &self.layout, &grads)?;
+        let mut norm = [grad.iter().map(|g| g * g).sum::<f64>()];
+        self.collective.all_reduce_sum(&mut norm)?;
+        let grad_norm = norm[0].sqrt();
+        let scale = if self.config.max_grad_norm > 0.0 && grad_norm > self.config.max_grad_norm {
+            self.config.max_grad_norm / (grad_norm + 1e-6)
+        } else {
+            1.0
+        };
+        self.shard.adamw(&grad, scale, &self.config.optimizer);
+        let full = all_gather_params(self.collective.as_mut(), &self.layout, &self.shard.params)?;
+        unflatten(&self.vars, &self.layout, &full);
+
+        let advantages: Vec<f64> = samples.iter().map(|s| f64::from(s.advantage)).collect();
+        let advantage_mean = advantages.iter().sum::<f64>() / advantages.len() as f64;
+        let advantage_var =
+            advantages.iter().map(|a| (a - advantage_mean).powi(2)).sum::<f64>() / advantages.len() as f64;
+        let tokens_all: f64 = samples.iter().map(|s| s.tokens.len() as f64).sum();
+        let t = totals.tokens;
+        Ok(StepStats {
+            step: self.shard.step,
+            loss: totals_sum[0],
+            sequences: totals.sequences,
+            tokens: t,
+            entropy: totals_sum[1] / t,
+            clip_fraction: totals_sum[2] / t,
+            ratio_mean: totals_sum[3] / t,
+            ratio_max: global_ratio_max,
+            kl: totals_sum[4] / t,
+            logprob_mismatch: totals_sum[5] / t,
+            grad_norm,
+            learning_rate: self.config.optimizer.lr,
+            tokens_per_second: tokens_all / started.elapsed().as_secs_f64(),
+            advantage_mean,
+            advantage_std: advantage_var.sqrt(),
+        })
+    }
+}

@@ -1,0 +1,144 @@
+//! Sharded training is the same training: 1, 2 and 3 ranks (TCP backend,
+//! threads of this process) trained on the same samples for several steps
+//! end with the same parameters, and each rank holds about 1/N of the
+//! optimizer state.
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::Result;
+use learner::batch::Sample;
+use learner::collective::{Collective, Rendezvous, Single, TcpCollective};
+use learner::loss::{Aggregation, LossConfig, PolicyLoss};
+use learner::shard::{AdamW, flatten};
+use learner::trainer::{Objective, Trainer, TrainerConfig};
+use sleuth_model::{Config, Model, load_weights};
+use tch::nn::VarStore;
+use tch::{Device, Tensor};
+
+const STEPS: usize = 3;
+
+/// A tiny Llama (vocab 32) saved once, so every rank starts from the same weights.
+fn tiny_model(dir: &Path) -> Result<()> {
+    let config = serde_json::json!({
+        "model_type": "llama", "vocab_size": 32, "hidden_size": 16, "intermediate_size": 32,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "max_position_embeddings": 128, "rms_norm_eps": 1e-5, "tie_word_embeddings": false,
+        "rope_parameters": {"rope_theta": 10000.0}
+    });
+    tch::manual_seed(3);
+    let parsed: Config = serde_json::from_value(config.clone())?;
+    let vars = VarStore::new(Device::Cpu);
+    let _model = Model::new(&vars.root(), &parsed);
+    let tensors: Vec<(String, Tensor)> = vars
+        .variables()
+        .into_iter()
+        .map(|(name, t)| {
+            let value = if name.ends_with("norm.weight") { t.ones_like() } else { t.randn_like() * 0.1 };
+            (name, value)
+        })
+        .collect();
+    sleuth_model::export::save_hf_dir(&tensors, &config, dir, dir)?;
+    Ok(())
+}
+
+/// Deterministic samples: varied lengths, a prompt part (mask 0) and a sampled part.
+fn steps() -> Vec<Vec<Sample>> {
+    let mut state = 12345u64;
+    let mut next = move |n: u64| {
+        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (state >> 33) % n
+    };
+    (0..STEPS)
+        .map(|_| {
+            (0..6)
+                .map(|i| {
+                    let prompt = 3 + next(5) as usize;
+                    let sampled = 2 + next(8) as usize;
+                    let tokens: Vec<i64> = (0..prompt + sampled).map(|_| next(32) as i64).collect();
+                    let mask = (0..prompt + sampled).map(|j| if j >= prompt { 1.0 } else { 0.0 }).collect();
+                    let behaviour =
+                        (0..prompt + sampled).map(|j| if j >= prompt { -3.3 - 0.01 * next(20) as f32 } else { 0.0 }).collect();
+                    Sample { tokens, mask, behaviour, advantage: if i % 2 == 0 { 1.0 } else { -0.7 } }
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Trains one rank; returns (final full parameters, optimizer-state bytes of this rank).
+fn train(dir: &Path, collective: Box<dyn Collective>) -> Result<(Vec<f32>, usize)> {
+    let config = Config::from_file(&dir.join("config.json"))?;
+    let mut vars = VarStore::new(Device::Cpu);
+    let model = Model::new(&vars.root(), &config);
+    load_weights(&mut vars, dir)?;
+    let trainer_config = TrainerConfig {
+        objective: Objective::Rl(LossConfig {
+            policy: PolicyLoss::Ppo { clip_low: 0.2, clip_high: 0.28, dual_clip: Some(3.0) },
+            aggregation: Aggregation::TokenMean,
+            tis_cap: Some(2.0),
+            kl_coef: 0.0,
+        }),
+        optimizer: AdamW { lr: 1e-2, weight_decay: 0.01, ..AdamW::default() },
+        max_grad_norm: 1.0,
+        micro_batch: 1,
+    };
+    let mut trainer = Trainer::new(vars, model, None, trainer_config, collective);
+    for samples in steps() {
+        let stats = trainer.step(&samples)?;
+        assert!(stats.loss.is_finite() && stats.grad_norm > 0.0, "{stats:?}");
+    }
+    Ok((flatten(&trainer.vars, &trainer.layout), trainer.shard.optimizer_bytes()))
+}
+
+fn train_sharded(dir: &Path, world: usize) -> Result<Vec<(Vec<f32>, usize)>> {
+    let port = sleuth_testkit::free_port()?;
+    let ranks: Vec<_> = (0..world)
+        .map(|rank| {
+            let dir = dir.to_owned();
+            std::thread::spawn(move || -> Result<(Vec<f32>, usize)> {
+                let rendezvous = Rendezvous {
+                    master_addr: "127.0.0.1".into(),
+                    master_port: port,
+                    world_size: world,
+                    rank,
+                    timeout: Duration::from_secs(60),
+                };
+                train(&dir, Box::new(TcpCollective::connect(&rendezvous)?))
+            })
+        })
+        .collect();
+    ranks.into_iter().map(|r| r.join().map_err(|_| anyhow::anyhow!("rank panicked"))?).collect()
+}
+
+#[test]
+fn one_two_and_three_ranks_train_to_the_same_parameters() -> Result<()> {
+    // One intra-op thread: the same micro-batch must compute the same numbers on every rank.
+    tch::set_num_threads(1);
+    let dir = tempfile::tempdir()?;
+    tiny_model(dir.path())?;
+    let (single, single_bytes) = train(dir.path(), Box::new(Single))?;
+    let initial = {
+        let config = Config::from_file(&dir.path().join("config.json"))?;
+        let mut vars = VarStore::new(Device::Cpu);
+        let _m = Model::new(&vars.root(), &config);
+        load_weights(&mut vars, dir.path())?;
+        Tensor::from_slice(&flatten(&vars, &learner::shard::Layout::new(&vars, 1)))
+    };
+    let single_t = Tensor::from_slice(&single);
+    let moved = (&single_t - &initial).abs().max().double_value(&[]);
+    assert!(moved > 1e-3, "training changed the parameters ({moved})");
+
+    println!("optimizer state: 1 rank {single_bytes} bytes");
+    for world in [2, 3] {
+        let ranks = train_sharded(dir.path(), world)?;
+        for (rank, (params, bytes)) in ranks.iter().enumerate() {
+            let diff = (Tensor::from_slice(params) - &single_t).abs().max().double_value(&[]);
+            assert!(diff < 1e-5, "world {world} rank {rank}: max abs diff {diff} from one rank");
+            let share = *bytes as f64 / single_bytes as f64;
+            println!("optimizer state: {world} ranks, rank {rank}: {bytes} bytes ({share:.3} of one rank), max |diff| {diff:.2e}");
+            assert!((share - 1.0 / world as f64).abs() < 0.01, "rank {rank} of {world} holds {share:.3} of the state");
+        }
+    }
+    Ok(())
+}
