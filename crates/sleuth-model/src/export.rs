@@ -95,22 +95,33 @@ pub fn write_random_llama(tokenizer_dir: &Path, dir: &Path, shape: TinyShape, se
         "pad_token_id": base["pad_token_id"],
         "dtype": "float32",
     });
+    write_random(&config_json, tokenizer_dir, dir, seed)
+}
+
+/// Writes a randomly initialised model of HF config `config_json` to `dir`
+/// (weights N(0, 0.02), norms 1, reproducible from `seed`), with the
+/// tokenizer files of `tokenizer_dir` when it has them.
+pub fn write_random(config_json: &Json, tokenizer_dir: &Path, dir: &Path, seed: i64) -> Result<(), ModelError> {
     let config: Config = serde_json::from_value(config_json.clone())
-        .map_err(|e| ModelError::Config { path: "tiny config".into(), message: e.to_string() })?;
-    tch::manual_seed(seed);
+        .map_err(|e| ModelError::Config { path: "config".into(), message: e.to_string() })?;
     let vars = VarStore::new(Device::Cpu);
     let _model = Model::new(&vars.root(), &config);
-    let mut tensors = Vec::new();
-    tch::no_grad(|| {
-        for (name, var) in vars.variables() {
-            let value = if name.ends_with("norm.weight") {
-                Tensor::ones(var.size(), (Kind::Float, Device::Cpu))
-            } else {
-                Tensor::randn(var.size(), (Kind::Float, Device::Cpu)) * 0.02
-            };
-            tensors.push((name, value));
-        }
+    let mut names: Vec<(String, Vec<i64>)> = vars.variables().into_iter().map(|(n, t)| (n, t.size())).collect();
+    // Draw in name order, so the weights depend only on the seed.
+    names.sort();
+    tch::manual_seed(seed);
+    let tensors: Vec<(String, Tensor)> = tch::no_grad(|| {
+        names
+            .into_iter()
+            .map(|(name, size)| {
+                let value = if name.ends_with("norm.weight") {
+                    Tensor::ones(size.as_slice(), (Kind::Float, Device::Cpu))
+                } else {
+                    Tensor::randn(size.as_slice(), (Kind::Float, Device::Cpu)) * 0.02
+                };
+                (name, value)
+            })
+            .collect()
     });
-    tensors.sort_by(|a, b| a.0.cmp(&b.0));
-    save_hf_dir(&tensors, &config_json, tokenizer_dir, dir)
+    save_hf_dir(&tensors, config_json, tokenizer_dir, dir)
 }

@@ -9,6 +9,7 @@
 pub mod object;
 pub mod redis;
 pub mod sql;
+pub mod trajectories;
 
 pub use object::{ObjectStore, S3Args};
 pub use redis::{RedisArgs, RedisStore};

@@ -35,9 +35,7 @@ impl FromStr for Estimator {
             "grpo_pass_at_k" => Ok(Self::PassAtK { k: 4 }),
             other => match other.strip_prefix("grpo_pass_at_k:").map(str::parse::<usize>) {
                 Some(Ok(k)) if k >= 1 => Ok(Self::PassAtK { k }),
-                _ => Err(format!(
-                    "advantage {other:?} is not one of grpo, dr_grpo, rloo, grpo_pass_at_k[:K] (K >= 1)"
-                )),
+                _ => Err(format!("advantage {other:?} is not one of grpo, dr_grpo, rloo, grpo_pass_at_k[:K] (K >= 1)")),
             },
         }
     }

@@ -76,17 +76,11 @@ fn sequence(episode: &sleuth_proto::common::v1::Episode) -> Result<Sample, Strin
     for (index, segment) in trace.segments.iter().enumerate() {
         let n = segment.token_ids.len();
         if segment.loss_mask.len() != n {
-            return Err(format!(
-                "segment {index} has {n} token_ids but {} loss_mask entries",
-                segment.loss_mask.len()
-            ));
+            return Err(format!("segment {index} has {n} token_ids but {} loss_mask entries", segment.loss_mask.len()));
         }
         let sampled = segment.loss_mask.iter().any(|&m| m != 0);
         if sampled && segment.logprobs.len() != n {
-            return Err(format!(
-                "segment {index} has {n} sampled tokens but {} logprobs",
-                segment.logprobs.len()
-            ));
+            return Err(format!("segment {index} has {n} sampled tokens but {} logprobs", segment.logprobs.len()));
         }
         if let Some(bad) = segment.loss_mask.iter().find(|&&m| m > 1) {
             return Err(format!("segment {index} has loss_mask value {bad} (0 or 1)"));
@@ -153,12 +147,72 @@ mod tests {
 
     #[test]
     fn flat_groups_are_filtered_and_corrupt_ones_named() {
-        let flat = TrajectoryGroup { episodes: vec![episode("a", 1.0, &[7]), episode("b", 1.0, &[8])], ..Default::default() };
+        let flat =
+            TrajectoryGroup { episodes: vec![episode("a", 1.0, &[7]), episode("b", 1.0, &[8])], ..Default::default() };
         assert_eq!(samples(&flat, Estimator::Grpo), Ok(None));
         let mut broken = episode("b", 0.0, &[8, 9]);
         broken.trace.as_mut().unwrap().segments[1].logprobs.pop();
-        let group = TrajectoryGroup { group_id: "g7".into(), episodes: vec![episode("a", 1.0, &[7]), broken], ..Default::default() };
+        let group = TrajectoryGroup {
+            group_id: "g7".into(),
+            episodes: vec![episode("a", 1.0, &[7]), broken],
+            ..Default::default()
+        };
         let error = samples(&group, Estimator::Grpo).unwrap_err().to_string();
-        assert!(error.contains("group \"g7\": episode \"b\": segment 1 has 2 sampled tokens but 1 logprobs"), "{error}");
+        assert!(
+            error.contains("group \"g7\": episode \"b\": segment 1 has 2 sampled tokens but 1 logprobs"),
+            "{error}"
+        );
+    }
+}
+
+/// Samples as bytes (rank 0 broadcasts each step's samples to the others):
+/// per sample its length, tokens (i64), mask and behaviour (f32), advantage.
+pub fn encode(samples: &[Sample]) -> Vec<u8> {
+    let mut out = Vec::new();
+    out.extend((samples.len() as u64).to_le_bytes());
+    for s in samples {
+        out.extend((s.tokens.len() as u64).to_le_bytes());
+        s.tokens.iter().for_each(|t| out.extend(t.to_le_bytes()));
+        s.mask.iter().for_each(|m| out.extend(m.to_le_bytes()));
+        s.behaviour.iter().for_each(|b| out.extend(b.to_le_bytes()));
+        out.extend(s.advantage.to_le_bytes());
+    }
+    out
+}
+
+/// The inverse of [`encode`].
+pub fn decode(bytes: &[u8]) -> Result<Vec<Sample>, String> {
+    let mut at = 0usize;
+    let mut take = |n: usize| -> Result<&[u8], String> {
+        let part = bytes.get(at..at + n).ok_or("truncated sample payload")?;
+        at += n;
+        Ok(part)
+    };
+    let u64_at = |b: &[u8]| u64::from_le_bytes(b.try_into().expect("8 bytes"));
+    let count = u64_at(take(8)?) as usize;
+    let mut samples = Vec::with_capacity(count);
+    for _ in 0..count {
+        let n = u64_at(take(8)?) as usize;
+        let tokens = take(8 * n)?.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().expect("8"))).collect();
+        let mask = take(4 * n)?.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().expect("4"))).collect();
+        let behaviour = take(4 * n)?.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().expect("4"))).collect();
+        let advantage = f32::from_le_bytes(take(4)?.try_into().expect("4"));
+        samples.push(Sample { tokens, mask, behaviour, advantage });
+    }
+    Ok(samples)
+}
+
+#[cfg(test)]
+mod encoding_tests {
+    #[test]
+    fn samples_round_trip() {
+        let samples = vec![super::Sample {
+            tokens: vec![1, 2, 3],
+            mask: vec![0.0, 1.0, 1.0],
+            behaviour: vec![0.0, -0.5, -1.5],
+            advantage: 0.25,
+        }];
+        assert_eq!(super::decode(&super::encode(&samples)).unwrap(), samples);
+        assert!(super::decode(&super::encode(&samples)[..20]).is_err());
     }
 }

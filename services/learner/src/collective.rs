@@ -182,7 +182,11 @@ impl TcpCollective {
                         let joined = u64::from_le_bytes(hello.try_into().map_err(|_| failed("bad hello".into()))?);
                         match links.get_mut((joined as usize).wrapping_sub(1)) {
                             Some(slot @ None) => *slot = Some((reader, writer)),
-                            _ => return Err(failed(format!("rank {joined} joined twice or is outside WORLD_SIZE {world_size}"))),
+                            _ => {
+                                return Err(failed(format!(
+                                    "rank {joined} joined twice or is outside WORLD_SIZE {world_size}"
+                                )));
+                            }
                         }
                     }
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {

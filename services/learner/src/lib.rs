@@ -2,27 +2,52 @@
 //! GRPO-family updates or trajectory SFT, writes checkpoints and publishes
 //! new weights to the policy servers.
 //!
-//! Status: the service starts and reports SERVING once Redis answers and
-//! libtorch computes on the configured device; `GetStatus` and
-//! `ListCheckpoints` answer `Unimplemented` until the learner work lands.
+//! - [`advantage`], [`loss`]: the maths of a step;
+//! - [`batch`]: trajectory groups to samples;
+//! - [`collective`], [`shard`], [`trainer`]: sharded training across ranks;
+//! - [`checkpoint`], [`publish`], [`records`]: what a step leaves behind;
+//! - [`learn`]: the loop that ties them to the stream.
 
 pub mod advantage;
 pub mod batch;
+pub mod checkpoint;
 pub mod collective;
+pub mod learn;
 pub mod loss;
+pub mod publish;
+pub mod records;
 pub mod shard;
 pub mod trainer;
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 
 use sleuth_kit::{ErrorKind, GrpcService, KitError, ServeArgs, ServiceError, TelemetryArgs};
+use sleuth_proto::learner::v1 as pb;
 use sleuth_proto::learner::v1::learner_server::{Learner, LearnerServer};
-use sleuth_store::{RedisArgs, RedisStore};
+use sleuth_store::{Database, DatabaseArgs, ObjectStore, RedisArgs, RedisStore, S3Args};
 use sleuth_torch::DeviceSpec;
 use tokio::net::TcpListener;
+use tonic::{Request, Response, Status};
 
-/// Configuration, from flags or `SLEUTH_*` environment variables.
+use crate::collective::{Collective, Rendezvous, Single, TcpCollective};
+use crate::learn::{Plan, SharedProgress, Sources};
+use crate::loss::{Aggregation, LossConfig, PolicyLoss};
+use crate::shard::AdamW;
+use crate::trainer::{Objective, Trainer, TrainerConfig};
+
+/// What the learner trains with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Mode {
+    /// Policy gradient from group advantages.
+    Rl,
+    /// Cross-entropy on teacher trajectories (assistant tokens only).
+    Sft,
+}
+
+/// Configuration, from flags or `SLEUTH_*` environment variables. Ranks
+/// come from `WORLD_SIZE`, `RANK`, `MASTER_ADDR`, `MASTER_PORT` (one rank when unset).
 #[derive(clap::Parser, Debug, Clone)]
 #[command(
     name = "learner",
@@ -34,12 +59,90 @@ pub struct Config {
     #[arg(long, env = "SLEUTH_LISTEN", default_value = "0.0.0.0:50056")]
     pub listen: SocketAddr,
 
+    /// The run whose trajectory stream to train on.
+    #[arg(long, env = "SLEUTH_RUN_ID")]
+    pub run_id: String,
+
     #[command(flatten)]
     pub redis: RedisArgs,
+
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+
+    /// The initial policy (HF-format directory). Default: the imported SmolLM2.
+    #[arg(long, env = "SLEUTH_MODEL")]
+    pub model: Option<PathBuf>,
 
     /// Device to train on: auto (CUDA when present), cpu, cuda or cuda:N.
     #[arg(long, env = "SLEUTH_DEVICE", default_value = "auto")]
     pub device: DeviceSpec,
+
+    #[arg(long, env = "SLEUTH_MODE", value_enum, default_value = "rl")]
+    pub mode: Mode,
+
+    /// grpo, dr_grpo, rloo, grpo_pass_at_k[:K].
+    #[arg(long, env = "SLEUTH_ADVANTAGE", default_value = "grpo")]
+    pub advantage: String,
+
+    /// ppo, cispo, importance_sampling.
+    #[arg(long, env = "SLEUTH_LOSS", default_value = "ppo")]
+    pub loss: String,
+
+    #[arg(long, env = "SLEUTH_LOSS_AGGREGATION", value_enum, default_value = "token-mean")]
+    pub loss_aggregation: Aggregation,
+
+    /// Truncated importance-sampling cap for train/inference mismatch; 0 = off.
+    #[arg(long, env = "SLEUTH_TIS_CAP", default_value_t = 2.0)]
+    pub tis_cap: f64,
+
+    /// KL coefficient to the initial (frozen) policy; 0 = off (no reference copy is held).
+    #[arg(long, env = "SLEUTH_KL_COEF", default_value_t = 0.0)]
+    pub kl_coef: f64,
+
+    #[arg(long, env = "SLEUTH_LEARNING_RATE", default_value_t = 1e-6)]
+    pub learning_rate: f64,
+
+    #[arg(long, env = "SLEUTH_WEIGHT_DECAY", default_value_t = 0.0)]
+    pub weight_decay: f64,
+
+    /// Global gradient-norm clip; 0 = off.
+    #[arg(long, env = "SLEUTH_MAX_GRAD_NORM", default_value_t = 1.0)]
+    pub max_grad_norm: f64,
+
+    /// Episodes per forward/backward pass (gradient accumulation over the rest).
+    #[arg(long, env = "SLEUTH_MICRO_BATCH", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
+    pub micro_batch: u32,
+
+    /// Trainable groups (prompts) per optimizer step.
+    #[arg(long, env = "SLEUTH_GLOBAL_BATCH_SIZE", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..))]
+    pub global_batch_size: u32,
+
+    /// Groups produced by a policy more than this many versions old are dropped.
+    #[arg(long, env = "SLEUTH_MAX_STALENESS", default_value_t = 1)]
+    pub max_staleness: u64,
+
+    /// Checkpoint every this many steps (and at max_steps).
+    #[arg(long, env = "SLEUTH_CHECKPOINT_EVERY", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    pub checkpoint_every: u64,
+
+    /// Where checkpoints go: a directory or s3://bucket/prefix.
+    #[arg(long, env = "SLEUTH_CHECKPOINT_URI", default_value = "checkpoints")]
+    pub checkpoint_uri: String,
+
+    #[command(flatten)]
+    pub s3: S3Args,
+
+    /// Stop after this many steps; 0 = train until shut down.
+    #[arg(long, env = "SLEUTH_MAX_STEPS", default_value_t = 0)]
+    pub max_steps: u64,
+
+    /// Policy servers to publish each step's weights to (host:port, comma separated).
+    #[arg(long, env = "SLEUTH_POLICY_SERVERS", value_delimiter = ',')]
+    pub policy_servers: Vec<String>,
+
+    /// libtorch intra-op threads; 0 = libtorch's default.
+    #[arg(long, env = "SLEUTH_TORCH_THREADS", default_value_t = 0)]
+    pub torch_threads: i32,
 
     #[command(flatten)]
     pub serve: ServeArgs,
@@ -51,42 +154,246 @@ pub struct Config {
 /// Errors that stop the service.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    #[error("{0}")]
+    InvalidArgument(String),
+    #[error("{0}")]
+    Train(String),
     #[error(transparent)]
     Kit(#[from] KitError),
     #[error(transparent)]
     Store(#[from] sleuth_store::StoreError),
     #[error(transparent)]
     Torch(#[from] sleuth_torch::TorchError),
+    #[error(transparent)]
+    Model(#[from] sleuth_model::ModelError),
+    #[error(transparent)]
+    Checkpoint(#[from] checkpoint::CheckpointError),
+    #[error(transparent)]
+    Collective(#[from] collective::CollectiveError),
+}
+
+impl From<trainer::TrainError> for Error {
+    fn from(error: trainer::TrainError) -> Self {
+        match error {
+            trainer::TrainError::Collective(e) => Error::Collective(e),
+            other => Error::Train(other.to_string()),
+        }
+    }
 }
 
 impl ServiceError for Error {
     fn kind(&self) -> ErrorKind {
         match self {
+            Error::InvalidArgument(_) => ErrorKind::InvalidArgument,
             Error::Kit(error) => error.kind(),
             Error::Store(error) => error.kind(),
             Error::Torch(error) => error.kind(),
+            Error::Collective(_) => ErrorKind::Unavailable,
+            Error::Train(_) | Error::Model(_) | Error::Checkpoint(_) => ErrorKind::Internal,
         }
     }
 }
 
-/// The RPC handlers. RPCs not overridden here answer `Unimplemented`.
-#[derive(Debug, Clone, Default)]
-pub struct Handlers;
+/// The RPC handlers: status and checkpoints.
+#[derive(Clone)]
+pub struct Handlers {
+    run_id: String,
+    mode: Mode,
+    rank: usize,
+    world: usize,
+    progress: SharedProgress,
+    checkpoints: ObjectStore,
+    redis: RedisStore,
+}
 
 #[tonic::async_trait]
-impl Learner for Handlers {}
+impl Learner for Handlers {
+    async fn get_status(&self, _: Request<pb::GetStatusRequest>) -> Result<Response<pb::LearnerStatus>, Status> {
+        let progress = self.progress.lock().expect("progress").clone();
+        let consumer =
+            sleuth_store::trajectories::GroupConsumer::open(self.redis.clone(), &self.run_id, "learner-0").await;
+        let (pending, lag) = match consumer {
+            Ok(consumer) => consumer.backlog().await.unwrap_or_default(),
+            Err(_) => (0, 0),
+        };
+        let last = progress.last.map(|s| serde_json::to_value(s).unwrap_or_default()).unwrap_or_default();
+        let last_step_metrics = last
+            .as_object()
+            .map(|o| o.iter().filter_map(|(k, v)| Some((k.clone(), v.as_f64()?))).collect())
+            .unwrap_or_default();
+        Ok(Response::new(pb::LearnerStatus {
+            run_id: self.run_id.clone(),
+            mode: match self.mode {
+                Mode::Rl => pb::TrainingMode::Rl as i32,
+                Mode::Sft => pb::TrainingMode::Sft as i32,
+            },
+            step: progress.meta.step,
+            policy_version: progress.meta.step,
+            world_size: self.world as u32,
+            rank: self.rank as u32,
+            groups_consumed: progress.meta.groups_consumed,
+            groups_pending: pending + lag,
+            groups_dropped_stale: progress.meta.groups_dropped_stale,
+            last_step_metrics,
+            last_checkpoint_step: progress.last_checkpoint_step,
+        }))
+    }
 
-/// Serves the learner on `listener` until `shutdown` resolves.
+    async fn list_checkpoints(
+        &self,
+        _: Request<pb::ListCheckpointsRequest>,
+    ) -> Result<Response<pb::ListCheckpointsResponse>, Status> {
+        let steps = checkpoint::complete_steps(&self.checkpoints)
+            .await
+            .map_err(|e| Status::unavailable(format!("listing checkpoints in {}: {e}", self.checkpoints.uri())))?;
+        let base = self.checkpoints.uri();
+        let checkpoints = steps
+            .into_iter()
+            .map(|step| pb::Checkpoint {
+                step,
+                uri: format!("{base}/{}", checkpoint::step_dir(step)),
+                hf_export_uri: format!("{base}/{}/hf", checkpoint::step_dir(step)),
+                complete: true,
+                ..Default::default()
+            })
+            .collect();
+        Ok(Response::new(pb::ListCheckpointsResponse { checkpoints }))
+    }
+}
+
+fn objective(config: &Config) -> Result<Objective, Error> {
+    let invalid = |m: String| Error::InvalidArgument(m);
+    Ok(match config.mode {
+        Mode::Sft => Objective::Sft(config.loss_aggregation),
+        Mode::Rl => Objective::Rl(LossConfig {
+            policy: config.loss.parse::<PolicyLoss>().map_err(invalid)?,
+            aggregation: config.loss_aggregation,
+            tis_cap: (config.tis_cap > 0.0).then_some(config.tis_cap),
+            kl_coef: config.kl_coef,
+        }),
+    })
+}
+
+/// Loads the policy (and, with a KL term, a frozen reference copy) on `device`.
+fn load_trainer(config: &Config, device: tch::Device, collective: Box<dyn Collective>) -> Result<Trainer, Error> {
+    let dir = config.model.clone().unwrap_or_else(sleuth_kit::config::default_model_dir);
+    let model_config = sleuth_model::Config::from_file(&dir.join("config.json"))?;
+    let load = || -> Result<_, Error> {
+        let mut vars = tch::nn::VarStore::new(device);
+        let model = sleuth_model::Model::new(&vars.root(), &model_config);
+        sleuth_model::load_weights(&mut vars, &dir)?;
+        Ok((vars, model))
+    };
+    let (vars, model) = load()?;
+    let reference = if config.kl_coef > 0.0 && config.mode == Mode::Rl {
+        let (mut vars, model) = load()?;
+        vars.freeze();
+        Some((vars, model))
+    } else {
+        None
+    };
+    let trainer_config = TrainerConfig {
+        objective: objective(config)?,
+        optimizer: AdamW { lr: config.learning_rate, weight_decay: config.weight_decay, ..AdamW::default() },
+        max_grad_norm: config.max_grad_norm,
+        micro_batch: config.micro_batch as usize,
+    };
+    Ok(Trainer::new(vars, model, reference, trainer_config, collective))
+}
+
+/// Serves the learner on `listener` and trains until `max_steps` or `shutdown`.
 pub async fn run(
     config: Config,
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
+    if config.run_id.trim().is_empty() {
+        return Err(Error::InvalidArgument("run_id must not be empty".into()));
+    }
+    let estimator = config.advantage.parse().map_err(Error::InvalidArgument)?;
+    objective(&config)?;
+    if config.torch_threads > 0 {
+        tch::set_num_threads(config.torch_threads);
+    }
     let redis = RedisStore::open(&config.redis.redis_url)?;
+    let database = Database::open(&config.database.database_url)?;
+    let checkpoints = ObjectStore::open(&config.checkpoint_uri, &config.s3)?;
     let device = config.device.resolve()?;
-    let service = GrpcService::new(LearnerServer::new(Handlers))
+    let token = config.serve.bearer_token()?;
+    let rendezvous = Rendezvous::from_env()?;
+    let collective: Box<dyn Collective> = match &rendezvous {
+        Some(r) if r.world_size > 1 => {
+            let r = r.clone();
+            Box::new(
+                tokio::task::spawn_blocking(move || TcpCollective::connect(&r))
+                    .await
+                    .map_err(|e| Error::Train(e.to_string()))??,
+            )
+        }
+        _ => Box::new(Single),
+    };
+    let (rank, world) = (collective.rank(), collective.world());
+    let model_dir = config.model.clone().unwrap_or_else(sleuth_kit::config::default_model_dir);
+    let model_config: serde_json::Value = std::fs::read_to_string(model_dir.join("config.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .ok_or_else(|| Error::InvalidArgument(format!("model {} has no readable config.json", model_dir.display())))?;
+    let trainer = load_trainer(&config, device, collective)?;
+    let progress = SharedProgress::default();
+
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let training = if rank == 0 {
+        let plan = Plan {
+            run_id: config.run_id.clone(),
+            sft: config.mode == Mode::Sft,
+            estimator,
+            global_batch_size: config.global_batch_size as usize,
+            max_staleness: config.max_staleness,
+            checkpoint_every: config.checkpoint_every,
+            max_steps: config.max_steps,
+        };
+        let sources = Sources {
+            redis: redis.clone(),
+            checkpoints: checkpoints.clone(),
+            database: database.clone(),
+            publisher: publish::Publisher::new(&config.policy_servers, token.as_ref())?,
+            model_dir,
+            model_config,
+        };
+        tokio::spawn(learn::lead(trainer, plan, sources, progress.clone(), stopped))
+    } else {
+        tokio::spawn(learn::follow(trainer, checkpoints.clone()))
+    };
+
+    let handlers = Handlers {
+        run_id: config.run_id.clone(),
+        mode: config.mode,
+        rank,
+        world,
+        progress,
+        checkpoints,
+        redis: redis.clone(),
+    };
+    let service = GrpcService::new(LearnerServer::new(handlers))
         .with_probe(redis.probe())
+        .with_probe(database.probe())
         .with_probe(sleuth_torch::device_probe(device));
-    sleuth_kit::serve(service, &config.serve, listener, shutdown).await?;
-    Ok(())
+    let (served_tx, served_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(async move {
+        sleuth_kit::serve(service, &config.serve, listener, async {
+            let _ = served_rx.await;
+        })
+        .await
+    });
+    // Training ends at max_steps (or on error); shutdown stops it between steps.
+    let trained = tokio::select! {
+        trained = training => trained,
+        () = shutdown => {
+            let _ = stop.send(true);
+            Ok(Ok(()))
+        }
+    };
+    let _ = served_tx.send(());
+    server.await.map_err(|e| Error::Train(e.to_string()))??;
+    trained.map_err(|e| Error::Train(format!("training task failed: {e}")))?
 }

@@ -121,9 +121,10 @@ pub fn policy_loss(config: &LossConfig, inputs: &LossInputs, totals: Totals) -> 
                 let negative = advantages.lt(0.0);
                 loss = loss.minimum(&cap).where_self(&negative, &loss);
             }
-            let was_clipped = detached_ratio.gt(1.0 + clip_high).logical_and(&advantages.gt(0.0)).logical_or(
-                &detached_ratio.lt(1.0 - clip_low).logical_and(&advantages.lt(0.0)),
-            );
+            let was_clipped = detached_ratio
+                .gt(1.0 + clip_high)
+                .logical_and(&advantages.gt(0.0))
+                .logical_or(&detached_ratio.lt(1.0 - clip_low).logical_and(&advantages.lt(0.0)));
             (loss, was_clipped)
         }
         PolicyLoss::Cispo { max_weight } => {
@@ -142,7 +143,7 @@ pub fn policy_loss(config: &LossConfig, inputs: &LossInputs, totals: Totals) -> 
         let delta = keep(&(reference - logprobs));
         let kl = keep(&(delta.exp() - &delta - 1.0));
         kl_sum = kl.detach().sum(Kind::Double).double_value(&[]);
-        per_token = per_token + kl * config.kl_coef;
+        per_token += kl * config.kl_coef;
     }
     let denominator = match config.aggregation {
         Aggregation::TokenMean => totals.tokens,

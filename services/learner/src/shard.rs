@@ -100,7 +100,8 @@ pub fn unflatten(vars: &VarStore, layout: &Layout, full: &[f32]) {
     let mut variables = vars.variables();
     tch::no_grad(|| {
         for entry in &layout.entries {
-            let values = Tensor::from_slice(&full[entry.offset..entry.offset + entry.numel]).view(entry.shape.as_slice());
+            let values =
+                Tensor::from_slice(&full[entry.offset..entry.offset + entry.numel]).view(entry.shape.as_slice());
             let var = variables.get_mut(&entry.name).expect("layout built from these variables");
             var.copy_(&values.to_kind(var.kind()).to_device(var.device()));
         }
@@ -168,8 +169,8 @@ impl Shard {
         self.step += 1;
         let t = self.step as i32;
         let (c1, c2) = (1.0 - hp.beta1.powi(t), 1.0 - hp.beta2.powi(t));
-        for i in 0..self.params.len() {
-            let g = grad[i] * scale;
+        for (i, &g) in grad.iter().enumerate().take(self.params.len()) {
+            let g = g * scale;
             let p = f64::from(self.params[i]) * (1.0 - hp.lr * hp.weight_decay);
             let m = hp.beta1 * f64::from(self.exp_avg[i]) + (1.0 - hp.beta1) * g;
             let v = hp.beta2 * f64::from(self.exp_avg_sq[i]) + (1.0 - hp.beta2) * g * g;

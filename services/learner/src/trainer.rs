@@ -15,7 +15,9 @@ use tch::{Device, Kind, Tensor};
 use crate::batch::Sample;
 use crate::collective::{Collective, CollectiveError};
 use crate::loss::{Aggregation, LossConfig, LossInputs, Totals, policy_loss, sft_loss};
-use crate::shard::{AdamW, Layout, Shard, accumulate_grads, all_gather_params, flatten, reduce_scatter_grads, unflatten};
+use crate::shard::{
+    AdamW, Layout, Shard, accumulate_grads, all_gather_params, flatten, reduce_scatter_grads, unflatten,
+};
 
 /// Reinforcement learning from group advantages, or supervised fine-tuning
 /// on teacher trajectories.

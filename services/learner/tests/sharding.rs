@@ -26,19 +26,7 @@ fn tiny_model(dir: &Path) -> Result<()> {
         "max_position_embeddings": 128, "rms_norm_eps": 1e-5, "tie_word_embeddings": false,
         "rope_parameters": {"rope_theta": 10000.0}
     });
-    tch::manual_seed(3);
-    let parsed: Config = serde_json::from_value(config.clone())?;
-    let vars = VarStore::new(Device::Cpu);
-    let _model = Model::new(&vars.root(), &parsed);
-    let tensors: Vec<(String, Tensor)> = vars
-        .variables()
-        .into_iter()
-        .map(|(name, t)| {
-            let value = if name.ends_with("norm.weight") { t.ones_like() } else { t.randn_like() * 0.1 };
-            (name, value)
-        })
-        .collect();
-    sleuth_model::export::save_hf_dir(&tensors, &config, dir, dir)?;
+    sleuth_model::export::write_random(&config, dir, dir, 3)?;
     Ok(())
 }
 
@@ -57,8 +45,9 @@ fn steps() -> Vec<Vec<Sample>> {
                     let sampled = 2 + next(8) as usize;
                     let tokens: Vec<i64> = (0..prompt + sampled).map(|_| next(32) as i64).collect();
                     let mask = (0..prompt + sampled).map(|j| if j >= prompt { 1.0 } else { 0.0 }).collect();
-                    let behaviour =
-                        (0..prompt + sampled).map(|j| if j >= prompt { -3.3 - 0.01 * next(20) as f32 } else { 0.0 }).collect();
+                    let behaviour = (0..prompt + sampled)
+                        .map(|j| if j >= prompt { -3.3 - 0.01 * next(20) as f32 } else { 0.0 })
+                        .collect();
                     Sample { tokens, mask, behaviour, advantage: if i % 2 == 0 { 1.0 } else { -0.7 } }
                 })
                 .collect()
@@ -136,7 +125,9 @@ fn one_two_and_three_ranks_train_to_the_same_parameters() -> Result<()> {
             let diff = (Tensor::from_slice(params) - &single_t).abs().max().double_value(&[]);
             assert!(diff < 1e-5, "world {world} rank {rank}: max abs diff {diff} from one rank");
             let share = *bytes as f64 / single_bytes as f64;
-            println!("optimizer state: {world} ranks, rank {rank}: {bytes} bytes ({share:.3} of one rank), max |diff| {diff:.2e}");
+            println!(
+                "optimizer state: {world} ranks, rank {rank}: {bytes} bytes ({share:.3} of one rank), max |diff| {diff:.2e}"
+            );
             assert!((share - 1.0 / world as f64).abs() < 0.01, "rank {rank} of {world} holds {share:.3} of the state");
         }
     }

@@ -1,0 +1,314 @@
+//! The learner's loop. Rank 0 reads groups from the run's stream, forms each
+//! step (in stream order: `global_batch_size` trainable groups, stale groups
+//! dropped, flat groups filtered, corrupt ones rejected, all counted) and
+//! broadcasts it; every rank trains its share; rank 0 publishes the weights,
+//! records the step and, every `checkpoint_every` steps, seals a checkpoint
+//! and only then acknowledges the stream entries the steps used.
+//!
+//! After a crash, the learner resumes from the newest complete checkpoint:
+//! entries up to the checkpoint's stream position are acknowledged (they are
+//! in it), the rest are reclaimed and replayed in order, so the resumed run
+//! forms the same steps from the same groups and ends where an uninterrupted
+//! run would have.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+
+use prost::Message;
+use sleuth_proto::common::v1::TrajectoryGroup;
+use sleuth_store::trajectories::{Entry, EntryId, GroupConsumer};
+use sleuth_store::{Database, ObjectStore, RedisStore};
+
+use crate::Error;
+use crate::advantage::Estimator;
+use crate::batch::{self, Sample};
+use crate::checkpoint::{self, Meta};
+use crate::publish::Publisher;
+use crate::trainer::{StepStats, Trainer};
+
+/// What rank 0 tells the others to do next.
+enum Command {
+    Step(Vec<Sample>),
+    Checkpoint(u64),
+    Stop,
+}
+
+impl Command {
+    fn encode(&self) -> Vec<u8> {
+        match self {
+            Command::Step(samples) => [vec![0], batch::encode(samples)].concat(),
+            Command::Checkpoint(step) => [vec![1], step.to_le_bytes().to_vec()].concat(),
+            Command::Stop => vec![2],
+        }
+    }
+
+    fn decode(bytes: &[u8]) -> Result<Self, Error> {
+        match bytes.split_first() {
+            Some((0, rest)) => batch::decode(rest).map(Command::Step).map_err(Error::Train),
+            Some((1, rest)) if rest.len() == 8 => {
+                Ok(Command::Checkpoint(u64::from_le_bytes(rest.try_into().expect("8 bytes"))))
+            }
+            Some((2, _)) => Ok(Command::Stop),
+            _ => Err(Error::Train("malformed command from rank 0".into())),
+        }
+    }
+}
+
+/// How steps are formed and when the loop stops.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub run_id: String,
+    pub sft: bool,
+    pub estimator: Estimator,
+    pub global_batch_size: usize,
+    pub max_staleness: u64,
+    pub checkpoint_every: u64,
+    /// Stop after this many steps (0 = run until shut down).
+    pub max_steps: u64,
+}
+
+/// The learner's progress, served by `GetStatus`.
+#[derive(Debug, Clone, Default)]
+pub struct Progress {
+    pub meta: Meta,
+    pub last: Option<StepStats>,
+    pub last_checkpoint_step: u64,
+    pub finished: bool,
+}
+
+pub type SharedProgress = Arc<Mutex<Progress>>;
+
+/// Runs `f` on the trainer on a blocking thread (libtorch and the TCP
+/// collectives block) and hands the trainer back.
+async fn blocking<T: Send + 'static>(
+    trainer: Trainer,
+    f: impl FnOnce(&mut Trainer) -> T + Send + 'static,
+) -> Result<(Trainer, T), Error> {
+    tokio::task::spawn_blocking(move || {
+        let mut trainer = trainer;
+        let out = f(&mut trainer);
+        (trainer, out)
+    })
+    .await
+    .map_err(|e| Error::Train(format!("training thread failed: {e}")))
+}
+
+/// Everything rank 0 talks to.
+pub struct Sources {
+    pub redis: RedisStore,
+    pub checkpoints: ObjectStore,
+    pub database: Database,
+    pub publisher: Publisher,
+    /// The model directory, for the tokenizer files of the HF export.
+    pub model_dir: std::path::PathBuf,
+    pub model_config: serde_json::Value,
+}
+
+/// Resumes from the newest complete checkpoint, if any; returns its meta.
+pub async fn resume(trainer: Trainer, checkpoints: &ObjectStore) -> Result<(Trainer, Meta), Error> {
+    let rank = trainer.collective.rank();
+    let world = trainer.collective.world();
+    let Some(meta) = checkpoint::latest(checkpoints).await? else {
+        return Ok((trainer, Meta { world_size: world, ..Meta::default() }));
+    };
+    let shard = checkpoint::load_shard(checkpoints, &meta, rank, world).await?;
+    tracing::info!(step = meta.step, rank, "resuming from checkpoint");
+    let (trainer, restored) = blocking(trainer, move |t| t.restore(shard)).await?;
+    restored?;
+    Ok((trainer, meta))
+}
+
+/// Rank 0's loop (see the module docs).
+pub async fn lead(
+    mut trainer: Trainer,
+    plan: Plan,
+    sources: Sources,
+    progress: SharedProgress,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> Result<(), Error> {
+    let (resumed, mut meta) = resume(trainer, &sources.checkpoints).await?;
+    trainer = resumed;
+    crate::records::migrate(&sources.database).await?;
+    let consumer = GroupConsumer::open(sources.redis.clone(), &plan.run_id, "learner-0").await?;
+    let position: EntryId = meta.stream_position.parse().unwrap_or_default();
+    let (done, mut replay): (Vec<Entry>, Vec<Entry>) =
+        consumer.reclaim_pending().await?.into_iter().partition(|e| e.id <= position);
+    // Already inside the checkpoint: acknowledge, never retrain.
+    consumer.commit(&done.iter().map(|e| e.id).collect::<Vec<_>>()).await?;
+    replay.sort_by_key(|e| e.id);
+    let mut queue: VecDeque<Entry> = replay.into();
+    tracing::info!(step = meta.step, replay = queue.len(), "learner leading");
+    let mut uncommitted: Vec<EntryId> = queue.iter().map(|e| e.id).collect();
+    progress.lock().expect("progress").meta = meta.clone();
+
+    while plan.max_steps == 0 || meta.step < plan.max_steps {
+        // Form the next step.
+        let mut samples = Vec::new();
+        let mut groups = 0;
+        while groups < plan.global_batch_size {
+            if *stop.borrow() {
+                break;
+            }
+            let entry = match queue.pop_front() {
+                Some(entry) => entry,
+                None => {
+                    let fresh = tokio::select! {
+                        fresh = consumer.read_new(plan.global_batch_size, 1000) => fresh?,
+                        _ = stop.changed() => Vec::new(),
+                    };
+                    uncommitted.extend(fresh.iter().map(|e| e.id));
+                    queue.extend(fresh);
+                    continue;
+                }
+            };
+            meta.stream_position = entry.id.to_string();
+            match take_group(&entry, &plan, meta.step) {
+                Taken::Samples(group_samples) => {
+                    samples.extend(group_samples);
+                    groups += 1;
+                    meta.groups_consumed += 1;
+                }
+                Taken::Stale => meta.groups_dropped_stale += 1,
+                Taken::Filtered => meta.groups_filtered += 1,
+                Taken::Rejected(why) => {
+                    tracing::error!(entry = %entry.id, error = %why, "group rejected");
+                    meta.groups_rejected += 1;
+                }
+            }
+        }
+        if groups < plan.global_batch_size {
+            break; // shutting down: the partial step's entries stay pending and are replayed
+        }
+        let command = Command::Step(samples.clone());
+        let (t, stats) = blocking(trainer, move |t| -> Result<StepStats, Error> {
+            t.collective.broadcast(command.encode())?;
+            Ok(t.step(&samples)?)
+        })
+        .await?;
+        trainer = t;
+        let stats = stats?;
+        meta.step = stats.step;
+        let update = (!sources.publisher.is_empty())
+            .then(|| crate::publish::update_requests(stats.step, &trainer.named_tensors()));
+        let published = publish(update, &sources, stats.step).await;
+        sleuth_store::trajectories::set_learner_version(&sources.redis, &plan.run_id, stats.step).await?;
+        let extra = serde_json::json!({
+            "groups": groups,
+            "groups_dropped_stale": meta.groups_dropped_stale,
+            "groups_filtered": meta.groups_filtered,
+            "groups_rejected": meta.groups_rejected,
+            "publish_seconds": published.as_secs_f64(),
+        });
+        crate::records::record(&sources.database, &plan.run_id, &stats, &extra).await?;
+        tracing::info!(
+            step = stats.step,
+            loss = stats.loss,
+            grad_norm = stats.grad_norm,
+            tokens_per_s = stats.tokens_per_second,
+            "step"
+        );
+        {
+            let mut p = progress.lock().expect("progress");
+            p.meta = meta.clone();
+            p.last = Some(stats.clone());
+        }
+        let last = plan.max_steps != 0 && meta.step >= plan.max_steps;
+        if meta.step % plan.checkpoint_every.max(1) == 0 || last {
+            trainer = save_checkpoint(trainer, &sources, &meta).await?;
+            consumer.commit(&uncommitted).await?;
+            uncommitted.clear();
+            progress.lock().expect("progress").last_checkpoint_step = meta.step;
+        }
+    }
+    let (_trainer, stopped) = blocking(trainer, |t| t.collective.broadcast(Command::Stop.encode())).await?;
+    stopped?;
+    progress.lock().expect("progress").finished = true;
+    Ok(())
+}
+
+/// The other ranks: follow rank 0's commands.
+pub async fn follow(trainer: Trainer, checkpoints: ObjectStore) -> Result<(), Error> {
+    let (mut trainer, _meta) = resume(trainer, &checkpoints).await?;
+    loop {
+        let (t, command) = blocking(trainer, |t| t.collective.broadcast(Vec::new())).await?;
+        trainer = t;
+        match Command::decode(&command?)? {
+            Command::Step(samples) => {
+                let (t, stats) = blocking(trainer, move |t| t.step(&samples)).await?;
+                trainer = t;
+                stats?;
+            }
+            Command::Checkpoint(step) => {
+                let (rank, world) = (trainer.collective.rank(), trainer.collective.world());
+                checkpoint::save_shard(&checkpoints, step, rank, world, &trainer.shard).await?;
+                let (t, arrived) = blocking(trainer, |t| t.collective.barrier()).await?;
+                trainer = t;
+                arrived?;
+            }
+            Command::Stop => return Ok(()),
+        }
+    }
+}
+
+enum Taken {
+    Samples(Vec<Sample>),
+    Stale,
+    Filtered,
+    Rejected(String),
+}
+
+fn take_group(entry: &Entry, plan: &Plan, version: u64) -> Taken {
+    let Some(payload) = &entry.payload else { return Taken::Rejected("entry has no group field".into()) };
+    let group = match TrajectoryGroup::decode(payload.as_slice()) {
+        Ok(group) => group,
+        Err(e) => return Taken::Rejected(format!("not a TrajectoryGroup: {e}")),
+    };
+    if version.saturating_sub(group.policy_version) > plan.max_staleness {
+        return Taken::Stale;
+    }
+    let taken = if plan.sft { batch::sft_samples(&group).map(Some) } else { batch::samples(&group, plan.estimator) };
+    match taken {
+        Ok(Some(samples)) => Taken::Samples(samples),
+        Ok(None) => Taken::Filtered,
+        Err(e) => Taken::Rejected(e.to_string()),
+    }
+}
+
+/// Sends the new weights to the policy servers; returns how long it took.
+async fn publish(
+    requests: Option<Vec<sleuth_proto::policy::v1::UpdateWeightsRequest>>,
+    sources: &Sources,
+    version: u64,
+) -> std::time::Duration {
+    let Some(requests) = requests else { return std::time::Duration::ZERO };
+    let published = sources.publisher.publish(requests).await;
+    tracing::info!(
+        version,
+        servers = published.servers_updated,
+        failures = published.failures.len(),
+        seconds = published.elapsed.as_secs_f64(),
+        "weights published"
+    );
+    published.elapsed
+}
+
+/// Every rank's shard, the merged HF export, then the seal.
+async fn save_checkpoint(trainer: Trainer, sources: &Sources, meta: &Meta) -> Result<Trainer, Error> {
+    let step = meta.step;
+    let (t, told) = blocking(trainer, move |t| t.collective.broadcast(Command::Checkpoint(step).encode())).await?;
+    told?;
+    let (rank, world) = (t.collective.rank(), t.collective.world());
+    checkpoint::save_shard(&sources.checkpoints, step, rank, world, &t.shard).await?;
+    let export = tempfile::tempdir().map_err(|e| Error::Train(e.to_string()))?;
+    sleuth_model::export::save_hf_dir(&t.named_tensors(), &sources.model_config, &sources.model_dir, export.path())
+        .map_err(|e| Error::Train(format!("HF export: {e}")))?;
+    checkpoint::save_export(&sources.checkpoints, step, export.path()).await?;
+    let (t, arrived) = blocking(t, |t| t.collective.barrier()).await?;
+    arrived?;
+    let mut meta = meta.clone();
+    meta.world_size = world;
+    meta.created_unix = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    checkpoint::seal(&sources.checkpoints, &meta).await?;
+    tracing::info!(step, "checkpoint sealed");
+    Ok(t)
+}

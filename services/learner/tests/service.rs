@@ -1,0 +1,266 @@
+//! The learner as a service, with real Redis, SQLite and checkpoints on disk:
+//! killed mid-run and resumed, it ends with exactly the parameters of an
+//! uninterrupted run and leaves no group unacknowledged or counted twice;
+//! each step's weights reach a policy server, whose outputs change.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use prost::Message;
+use sleuth_proto::common::v1::{Episode, SegmentKind, Trace, TraceSegment, TrajectoryGroup};
+use sleuth_store::RedisStore;
+use sleuth_store::trajectories::{GroupConsumer, publish};
+use tch::Tensor;
+
+const STEPS: u64 = 6;
+const BATCH: usize = 2;
+
+fn tiny_model(dir: &Path) -> Result<()> {
+    let config = serde_json::json!({
+        "model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "max_position_embeddings": 256, "tie_word_embeddings": true, "eos_token_id": 63
+    });
+    sleuth_model::export::write_random(&config, dir, dir, 9)?;
+    Ok(())
+}
+
+/// Group `index`: 4 episodes of varied lengths and rewards (or all equal when `flat`).
+fn group(index: usize, flat: bool) -> TrajectoryGroup {
+    let episodes = (0..4)
+        .map(|e| {
+            let sampled: Vec<u32> =
+                (0..3 + (index + e) % 5).map(|t| ((index * 7 + e * 3 + t * 11) % 60) as u32).collect();
+            Episode {
+                episode_id: format!("g{index}-e{e}"),
+                reward: if flat { 0.5 } else { (e % 2) as f64 + 0.1 * index as f64 },
+                trace: Some(Trace {
+                    segments: vec![
+                        TraceSegment {
+                            kind: SegmentKind::Prompt as i32,
+                            token_ids: vec![1, 2 + index as u32 % 50, 3],
+                            loss_mask: vec![0; 3],
+                            ..Default::default()
+                        },
+                        TraceSegment {
+                            kind: SegmentKind::Policy as i32,
+                            loss_mask: vec![1; sampled.len()],
+                            logprobs: vec![-4.1; sampled.len()],
+                            token_ids: sampled,
+                            ..Default::default()
+                        },
+                    ],
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }
+        })
+        .collect();
+    TrajectoryGroup { run_id: "r".into(), group_id: format!("g{index}"), episodes, ..Default::default() }
+}
+
+/// The stream entries of the whole run, in order: 12 trainable groups plus
+/// a corrupt entry and a flat group early on.
+fn entries() -> Vec<Vec<u8>> {
+    let mut entries: Vec<Vec<u8>> = (0..BATCH * STEPS as usize).map(|i| group(i, false).encode_to_vec()).collect();
+    entries.insert(1, b"not a group".to_vec());
+    entries.insert(3, group(99, true).encode_to_vec());
+    entries
+}
+
+struct Env {
+    redis_url: String,
+    database: String,
+    model: PathBuf,
+}
+
+fn learner(env: &Env, run: &str, checkpoints: &Path) -> Result<Child> {
+    let port = sleuth_testkit::free_port()?;
+    Ok(Command::new(env!("CARGO_BIN_EXE_learner"))
+        .args(["--listen", &format!("127.0.0.1:{port}"), "--run-id", run, "--device", "cpu"])
+        .args(["--redis-url", &env.redis_url, "--database-url", &env.database])
+        .arg("--model")
+        .arg(&env.model)
+        .arg("--checkpoint-uri")
+        .arg(checkpoints)
+        .args(["--global-batch-size", "2", "--checkpoint-every", "2", "--max-steps", &STEPS.to_string()])
+        .args(["--learning-rate", "0.01", "--max-staleness", "100", "--micro-batch", "2", "--torch-threads", "1"])
+        .env("SLEUTH_LOG", "warn")
+        .spawn()?)
+}
+
+fn wait_exit(child: &mut Child, limit: Duration) -> Result<()> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait()? {
+            ensure!(status.success(), "learner exited with {status}");
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            bail!("learner did not finish within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The steps recorded in SQL for `run`.
+async fn recorded_steps(database: &str, run: &str) -> Result<Vec<u64>> {
+    let db = sleuth_store::Database::open(database)?;
+    learner::records::migrate(&db).await?;
+    Ok(learner::records::steps(&db, run).await?.into_iter().map(|(step, _)| step).collect())
+}
+
+fn final_params(checkpoints: &Path) -> Result<Vec<(String, Tensor)>> {
+    let path = checkpoints.join(format!("step-{STEPS:08}/hf/model.safetensors"));
+    let mut tensors = Tensor::read_safetensors(&path).with_context(|| path.display().to_string())?;
+    tensors.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(tensors)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_learner_resumes_to_the_uninterrupted_result() -> Result<()> {
+    let scratch = tempfile::tempdir()?;
+    let redis_server = sleuth_testkit::redis()?;
+    let env = Env {
+        redis_url: sleuth_testkit::redis_url(&redis_server),
+        database: format!("sqlite://{}", scratch.path().join("runs.db").display()),
+        model: scratch.path().join("model"),
+    };
+    tiny_model(&env.model)?;
+    let redis = RedisStore::open(&env.redis_url)?;
+    let entries = entries();
+
+    // Uninterrupted.
+    for entry in &entries {
+        publish(&redis, "straight", entry).await?;
+    }
+    let straight_dir = scratch.path().join("straight");
+    let mut child = learner(&env, "straight", &straight_dir)?;
+    tokio::task::block_in_place(|| wait_exit(&mut child, Duration::from_secs(120)))?;
+
+    // Killed after step 3 (checkpoint at 2), resumed once the rest arrives.
+    let first_three = 3 * BATCH + 2; // + the corrupt and the flat entries
+    for entry in &entries[..first_three] {
+        publish(&redis, "crashed", entry).await?;
+    }
+    let crashed_dir = scratch.path().join("crashed");
+    let mut child = learner(&env, "crashed", &crashed_dir)?;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !recorded_steps(&env.database, "crashed").await?.contains(&3) {
+        ensure!(Instant::now() < deadline, "learner never reached step 3");
+        ensure!(child.try_wait()?.is_none(), "learner exited early");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    child.kill()?; // SIGKILL: no chance to checkpoint or acknowledge
+    child.wait()?;
+    let consumer = GroupConsumer::open(redis.clone(), "crashed", "inspector").await?;
+    let (pending, _) = consumer.backlog().await?;
+    assert_eq!(pending, 2, "step 3's two groups were delivered but not acknowledged at the crash");
+    assert!(crashed_dir.join("step-00000002/COMPLETE").is_file());
+    assert!(!crashed_dir.join("step-00000004").exists());
+
+    for entry in &entries[first_three..] {
+        publish(&redis, "crashed", entry).await?;
+    }
+    let mut child = learner(&env, "crashed", &crashed_dir)?;
+    tokio::task::block_in_place(|| wait_exit(&mut child, Duration::from_secs(120)))?;
+
+    let (straight, crashed) = (final_params(&straight_dir)?, final_params(&crashed_dir)?);
+    assert_eq!(straight.len(), crashed.len());
+    let initial = Tensor::read_safetensors(env.model.join("model.safetensors"))?;
+    let mut moved = 0f64;
+    for ((name, a), (other, b)) in straight.iter().zip(&crashed) {
+        assert_eq!(name, other);
+        let diff = (a - b).abs().max().double_value(&[]);
+        assert_eq!(diff, 0.0, "{name} differs by {diff} between the resumed and the uninterrupted run");
+        let start = &initial.iter().find(|(n, _)| n == name).context("initial tensor")?.1;
+        moved = moved.max((a - start).abs().max().double_value(&[]));
+    }
+    assert!(moved > 1e-3, "training changed the weights");
+
+    // Nothing left unacknowledged, every group counted once.
+    let (pending, lag) = consumer.backlog().await?;
+    assert_eq!((pending, lag), (0, 0));
+    let meta: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(crashed_dir.join(format!("step-{STEPS:08}/meta.json")))?)?;
+    assert_eq!(meta["groups_consumed"], 12);
+    assert_eq!(meta["groups_rejected"], 1);
+    assert_eq!(meta["groups_filtered"], 1);
+    assert_eq!(recorded_steps(&env.database, "crashed").await?, (1..=STEPS).collect::<Vec<_>>());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn published_weights_change_the_policy_server() -> Result<()> {
+    use sleuth_proto::common::v1::SamplingParams;
+    use sleuth_proto::policy::v1::policy_server_client::PolicyServerClient;
+    use sleuth_proto::policy::v1::{GenerateRequest, GetModelInfoRequest};
+
+    let scratch = tempfile::tempdir()?;
+    let model = scratch.path().join("model");
+    tiny_model(&model)?;
+    let model = model.to_str().context("utf-8")?.to_owned();
+    let redis_server = sleuth_testkit::redis()?;
+    let redis_url = sleuth_testkit::redis_url(&redis_server);
+    let (policy_addr, _policy) = sleuth_testkit::start_service!(
+        policy_server,
+        ["policy-server", "--listen", "127.0.0.1:0", "--device", "cpu", "--model", &model]
+    );
+    sleuth_testkit::service::wait_serving(&policy_addr, "sleuth.policy.v1.PolicyServer").await?;
+    let mut policy =
+        PolicyServerClient::new(sleuth_kit::client::connect(&policy_addr, None, Duration::from_secs(5)).await?);
+    let greedy = GenerateRequest {
+        prompt_token_ids: vec![1, 2, 3, 4],
+        return_model_logprobs: true,
+        sampling: Some(SamplingParams { temperature: Some(0.0), max_new_tokens: 12, ..Default::default() }),
+        ..Default::default()
+    };
+    let before = policy.generate(greedy.clone()).await?.into_inner();
+    assert_eq!(before.policy_versions.first(), Some(&0));
+
+    let redis = RedisStore::open(&redis_url)?;
+    for i in 0..2 {
+        publish(&redis, "publish", &group(i, false).encode_to_vec()).await?;
+    }
+    let checkpoints = scratch.path().join("checkpoints");
+    let database = format!("sqlite://{}", scratch.path().join("runs.db").display());
+    let config = <learner::Config as clap::Parser>::try_parse_from([
+        "learner",
+        "--listen",
+        "127.0.0.1:0",
+        "--run-id",
+        "publish",
+        "--device",
+        "cpu",
+        "--model",
+        &model,
+        "--redis-url",
+        &redis_url,
+        "--database-url",
+        &database,
+        "--checkpoint-uri",
+        checkpoints.to_str().context("utf-8")?,
+        "--global-batch-size",
+        "2",
+        "--max-steps",
+        "1",
+        "--learning-rate",
+        "0.05",
+        "--policy-servers",
+        &policy_addr,
+    ])?;
+    let listener = tokio::net::TcpListener::bind(config.listen).await?;
+    tokio::time::timeout(Duration::from_secs(120), learner::run(config, listener, std::future::pending())).await??;
+
+    let info = policy.get_model_info(GetModelInfoRequest {}).await?.into_inner();
+    assert_eq!(info.policy_version, 1, "the server serves the learner's step-1 weights");
+    let after = policy.generate(greedy).await?.into_inner();
+    assert_eq!(after.policy_versions.first(), Some(&1));
+    assert_ne!(after.model_logprobs, before.model_logprobs, "new weights, new distribution");
+    assert_eq!(sleuth_store::trajectories::learner_version(&redis, "publish").await?, 1);
+    assert!(checkpoints.join("step-00000001/hf/config.json").is_file());
+    Ok(())
+}
