@@ -216,3 +216,42 @@ mod encoding_tests {
         assert!(super::decode(&super::encode(&samples)[..20]).is_err());
     }
 }
+
+/// The fraction of predicted positions that are trainable. Trajectory SFT
+/// refuses a batch where it is 0 (nothing to learn) or 1 (the mask marks
+/// prompts and observations as assistant tokens: the trace is wrong).
+pub fn trainable_fraction(samples: &[Sample]) -> f64 {
+    let positions: usize = samples.iter().map(|s| s.tokens.len().saturating_sub(1)).sum();
+    let trainable: usize = samples.iter().map(Sample::trainable_tokens).sum();
+    if positions == 0 { 0.0 } else { trainable as f64 / positions as f64 }
+}
+
+/// Checks an SFT batch's mask (see [`trainable_fraction`]); returns the fraction.
+pub fn check_sft_mask(samples: &[Sample]) -> Result<f64, String> {
+    let fraction = trainable_fraction(samples);
+    if fraction <= 0.0 {
+        return Err("trajectory SFT: the loss mask marks no token as trainable (no assistant tokens)".into());
+    }
+    if fraction >= 1.0 {
+        return Err(
+            "trajectory SFT: the loss mask marks every token as trainable; prompts and observations must be 0".into()
+        );
+    }
+    Ok(fraction)
+}
+
+#[cfg(test)]
+mod sft_tests {
+    use super::*;
+
+    fn sample(mask: &[f32]) -> Sample {
+        Sample { tokens: vec![1; mask.len()], mask: mask.to_vec(), behaviour: vec![0.0; mask.len()], advantage: 0.0 }
+    }
+
+    #[test]
+    fn sft_refuses_all_or_nothing_masks() {
+        assert_eq!(check_sft_mask(&[sample(&[0.0, 1.0, 1.0, 0.0, 1.0])]), Ok(0.75));
+        assert!(check_sft_mask(&[sample(&[0.0, 0.0, 0.0])]).unwrap_err().contains("no token"));
+        assert!(check_sft_mask(&[sample(&[1.0, 1.0, 1.0])]).unwrap_err().contains("every token"));
+    }
+}

@@ -179,6 +179,10 @@ pub async fn lead(
         if groups < plan.global_batch_size {
             break; // shutting down: the partial step's entries stay pending and are replayed
         }
+        if plan.sft {
+            let fraction = batch::check_sft_mask(&samples).map_err(Error::InvalidArgument)?;
+            tracing::info!(step = meta.step + 1, trainable_fraction = fraction, "trajectory SFT batch");
+        }
         let command = Command::Step(samples.clone());
         let (t, stats) = blocking(trainer, move |t| -> Result<StepStats, Error> {
             t.collective.broadcast(command.encode())?;

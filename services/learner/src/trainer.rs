@@ -44,6 +44,8 @@ pub struct StepStats {
     pub loss: f64,
     pub sequences: f64,
     pub tokens: f64,
+    /// Trainable tokens / predicted positions (SFT reports it; RL too).
+    pub trainable_fraction: f64,
     pub clip_fraction: f64,
     pub ratio_mean: f64,
     pub ratio_max: f64,
@@ -255,6 +257,7 @@ impl Trainer {
             loss: totals_sum[0],
             sequences: totals.sequences,
             tokens: t,
+            trainable_fraction: crate::batch::trainable_fraction(samples),
             entropy: totals_sum[1] / t,
             clip_fraction: totals_sum[2] / t,
             ratio_mean: totals_sum[3] / t,

@@ -120,3 +120,36 @@ fn grpo_raises_the_reward_of_a_tiny_policy() -> Result<()> {
     assert!(end > start + 0.25, "reward went from {start:.3} to {end:.3}: {curve_text:?}");
     Ok(())
 }
+
+#[test]
+fn trajectory_sft_fits_teacher_trajectories_on_assistant_tokens_only() -> Result<()> {
+    tch::manual_seed(12);
+    let config: Config = serde_json::from_value(serde_json::json!({
+        "model_type": "llama", "vocab_size": 16, "hidden_size": 32, "intermediate_size": 64,
+        "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "max_position_embeddings": 64, "tie_word_embeddings": true
+    }))?;
+    let vars = VarStore::new(Device::Cpu);
+    let model = Model::new(&vars.root(), &config);
+    let trainer_config = TrainerConfig {
+        objective: Objective::Sft(Aggregation::TokenMean),
+        optimizer: AdamW { lr: 1e-2, ..AdamW::default() },
+        max_grad_norm: 1.0,
+        micro_batch: 4,
+    };
+    let mut trainer = Trainer::new(vars, model, None, trainer_config, Box::new(Single));
+    // Teacher: after the prompt, always 7 7 7 7; the prompt itself (mask 0) is noise.
+    let teacher: Vec<learner::batch::Sample> = PROMPTS
+        .iter()
+        .map(|prompt| {
+            let tokens: Vec<i64> = prompt.iter().map(|&t| i64::from(t)).chain([7, 7, 7, 7]).collect();
+            let mask = [0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0].to_vec();
+            learner::batch::Sample { behaviour: vec![0.0; tokens.len()], tokens, mask, advantage: 0.0 }
+        })
+        .collect();
+    assert_eq!(learner::batch::check_sft_mask(&teacher), Ok(4.0 / 6.0));
+    let losses: Vec<f64> = (0..15).map(|_| trainer.step(&teacher).map(|s| s.loss)).collect::<Result<_, _>>()?;
+    println!("SFT loss per step: {losses:.3?}");
+    assert!(losses[14] < losses[0] * 0.3, "SFT loss fell from {:.3} to {:.3}", losses[0], losses[14]);
+    Ok(())
+}
