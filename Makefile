@@ -47,6 +47,7 @@ bench: setup
 	cargo bench -p tool-gateway --bench retrieval
 	cargo bench -p policy-server --bench generation
 	cargo bench -p inference-gateway --bench overhead
+	cargo bench -p learner --bench grpo_step
 
 # Code generation runs in crates/sleuth-proto/build.rs; this only forces it.
 proto: setup

@@ -71,22 +71,25 @@ fn read_safetensors(bytes: &[u8]) -> Result<Vec<(String, Tensor)>, CheckpointErr
     Ok(Tensor::read_safetensors(scratch.path())?)
 }
 
-/// Writes this rank's shard of `step`.
+/// This rank's shard as safetensors bytes (params, exp_avg, exp_avg_sq, step).
+pub fn shard_bytes(shard: &Shard) -> Result<Vec<u8>, CheckpointError> {
+    let cpu = |t: &Tensor| t.to_device(Device::Cpu);
+    safetensors_bytes(&[
+        ("params", cpu(&shard.params)),
+        ("exp_avg", cpu(&shard.exp_avg)),
+        ("exp_avg_sq", cpu(&shard.exp_avg_sq)),
+        ("step", Tensor::from_slice(&[shard.step as i64])),
+    ])
+}
+
+/// Writes this rank's shard of `step` (bytes from [`shard_bytes`]).
 pub async fn save_shard(
     store: &ObjectStore,
     step: u64,
     rank: usize,
     world: usize,
-    shard: &Shard,
+    bytes: Vec<u8>,
 ) -> Result<(), CheckpointError> {
-    let vector = |v: &[f32]| Tensor::from_slice(v);
-    let step_tensor = Tensor::from_slice(&[shard.step as i64]);
-    let bytes = safetensors_bytes(&[
-        ("params", vector(&shard.params)),
-        ("exp_avg", vector(&shard.exp_avg)),
-        ("exp_avg_sq", vector(&shard.exp_avg_sq)),
-        ("step", step_tensor),
-    ])?;
     store.put(&shard_key(step, rank, world), bytes).await?;
     Ok(())
 }
@@ -134,7 +137,13 @@ pub async fn latest(store: &ObjectStore) -> Result<Option<Meta>, CheckpointError
 }
 
 /// This rank's shard of `meta`'s step.
-pub async fn load_shard(store: &ObjectStore, meta: &Meta, rank: usize, world: usize) -> Result<Shard, CheckpointError> {
+pub async fn load_shard(
+    store: &ObjectStore,
+    meta: &Meta,
+    rank: usize,
+    world: usize,
+    device: Device,
+) -> Result<Shard, CheckpointError> {
     let key = shard_key(meta.step, rank, world);
     if meta.world_size != world {
         return Err(CheckpointError::Corrupt {
@@ -147,11 +156,11 @@ pub async fn load_shard(store: &ObjectStore, meta: &Meta, rank: usize, world: us
     }
     let tensors = read_safetensors(&store.get(&key).await?)?;
     let find =
-        |name: &str| -> Result<Vec<f32>, CheckpointError> {
+        |name: &str| -> Result<Tensor, CheckpointError> {
             let tensor = tensors.iter().find(|(n, _)| n == name).map(|(_, t)| t).ok_or_else(|| {
                 CheckpointError::Corrupt { key: key.clone(), message: format!("has no tensor {name:?}") }
             })?;
-            Ok(Vec::<f32>::try_from(&tensor.to_kind(Kind::Float).to_device(Device::Cpu))?)
+            Ok(tensor.to_kind(Kind::Float).to_device(device))
         };
     let step = tensors.iter().find(|(n, _)| n == "step").map(|(_, t)| t.int64_value(&[0]) as u64).unwrap_or(meta.step);
     Ok(Shard { params: find("params")?, exp_avg: find("exp_avg")?, exp_avg_sq: find("exp_avg_sq")?, step })

@@ -111,7 +111,7 @@ pub async fn resume(trainer: Trainer, checkpoints: &ObjectStore) -> Result<(Trai
     let Some(meta) = checkpoint::latest(checkpoints).await? else {
         return Ok((trainer, Meta { world_size: world, ..Meta::default() }));
     };
-    let shard = checkpoint::load_shard(checkpoints, &meta, rank, world).await?;
+    let shard = checkpoint::load_shard(checkpoints, &meta, rank, world, trainer.vars.device()).await?;
     tracing::info!(step = meta.step, rank, "resuming from checkpoint");
     let (trainer, restored) = blocking(trainer, move |t| t.restore(shard)).await?;
     restored?;
@@ -244,7 +244,8 @@ pub async fn follow(trainer: Trainer, checkpoints: ObjectStore) -> Result<(), Er
             }
             Command::Checkpoint(step) => {
                 let (rank, world) = (trainer.collective.rank(), trainer.collective.world());
-                checkpoint::save_shard(&checkpoints, step, rank, world, &trainer.shard).await?;
+                let bytes = checkpoint::shard_bytes(&trainer.shard)?;
+                checkpoint::save_shard(&checkpoints, step, rank, world, bytes).await?;
                 let (t, arrived) = blocking(trainer, |t| t.collective.barrier()).await?;
                 trainer = t;
                 arrived?;
@@ -302,10 +303,11 @@ async fn save_checkpoint(trainer: Trainer, sources: &Sources, meta: &Meta) -> Re
     let (t, told) = blocking(trainer, move |t| t.collective.broadcast(Command::Checkpoint(step).encode())).await?;
     told?;
     let (rank, world) = (t.collective.rank(), t.collective.world());
-    checkpoint::save_shard(&sources.checkpoints, step, rank, world, &t.shard).await?;
+    let bytes = checkpoint::shard_bytes(&t.shard)?;
     let export = tempfile::tempdir().map_err(|e| Error::Train(e.to_string()))?;
     sleuth_model::export::save_hf_dir(&t.named_tensors(), &sources.model_config, &sources.model_dir, export.path())
         .map_err(|e| Error::Train(format!("HF export: {e}")))?;
+    checkpoint::save_shard(&sources.checkpoints, step, rank, world, bytes).await?;
     checkpoint::save_export(&sources.checkpoints, step, export.path()).await?;
     let (t, arrived) = blocking(t, |t| t.collective.barrier()).await?;
     arrived?;

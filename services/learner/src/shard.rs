@@ -84,24 +84,35 @@ impl Layout {
     }
 }
 
-/// The whole model flattened to f32, in layout order.
-pub fn flatten(vars: &VarStore, layout: &Layout) -> Vec<f32> {
-    let variables = vars.variables();
-    let mut full = Vec::with_capacity(layout.total);
-    for entry in &layout.entries {
-        let tensor = variables[&entry.name].to_kind(Kind::Float).flatten(0, -1);
-        full.extend(Vec::<f32>::try_from(&tensor).expect("f32 parameter"));
+impl Layout {
+    /// `rank`'s slice of a flattened full-model tensor.
+    pub fn slice_tensor(&self, full: &Tensor, rank: usize) -> Tensor {
+        let parts: Vec<Tensor> = self
+            .entries
+            .iter()
+            .map(|e| {
+                let owned = self.owned(e, rank);
+                full.narrow(0, (e.offset + owned.start) as i64, owned.len() as i64)
+            })
+            .collect();
+        Tensor::cat(&parts, 0)
     }
-    full
+}
+
+/// The whole model flattened to one f32 tensor, in layout order.
+pub fn flatten(vars: &VarStore, layout: &Layout) -> Tensor {
+    let variables = vars.variables();
+    let parts: Vec<Tensor> =
+        layout.entries.iter().map(|e| variables[&e.name].detach().to_kind(Kind::Float).flatten(0, -1)).collect();
+    Tensor::cat(&parts, 0)
 }
 
 /// Writes a flattened full model into the variables.
-pub fn unflatten(vars: &VarStore, layout: &Layout, full: &[f32]) {
+pub fn unflatten(vars: &VarStore, layout: &Layout, full: &Tensor) {
     let mut variables = vars.variables();
     tch::no_grad(|| {
         for entry in &layout.entries {
-            let values =
-                Tensor::from_slice(&full[entry.offset..entry.offset + entry.numel]).view(entry.shape.as_slice());
+            let values = full.narrow(0, entry.offset as i64, entry.numel as i64).view(entry.shape.as_slice());
             let var = variables.get_mut(&entry.name).expect("layout built from these variables");
             var.copy_(&values.to_kind(var.kind()).to_device(var.device()));
         }
@@ -109,19 +120,19 @@ pub fn unflatten(vars: &VarStore, layout: &Layout, full: &[f32]) {
 }
 
 /// Adds the variables' gradients into `accumulator` (f64, layout order) and clears them.
-pub fn accumulate_grads(vars: &VarStore, layout: &Layout, accumulator: &mut [f64]) {
+pub fn accumulate_grads(vars: &VarStore, layout: &Layout, accumulator: &mut Tensor) {
     let variables = vars.variables();
-    for entry in &layout.entries {
-        let var = &variables[&entry.name];
-        let grad = var.grad();
-        if !grad.defined() {
-            continue;
+    tch::no_grad(|| {
+        for entry in &layout.entries {
+            let var = &variables[&entry.name];
+            let grad = var.grad();
+            if grad.defined() {
+                let _ = accumulator
+                    .narrow(0, entry.offset as i64, entry.numel as i64)
+                    .g_add_(&grad.flatten(0, -1).to_kind(Kind::Double));
+            }
         }
-        let grad = Vec::<f32>::try_from(&grad.to_kind(Kind::Float).flatten(0, -1)).expect("f32 gradient");
-        for (sum, g) in accumulator[entry.offset..entry.offset + entry.numel].iter_mut().zip(grad) {
-            *sum += f64::from(g);
-        }
-    }
+    });
     for (_, mut var) in variables {
         var.zero_grad();
     }
@@ -143,70 +154,107 @@ impl Default for AdamW {
     }
 }
 
-/// This rank's slice of the parameters and its optimizer state.
-#[derive(Debug, Clone, PartialEq)]
+/// This rank's slice of the parameters and its optimizer state (1-D f32
+/// tensors on the training device).
+#[derive(Debug)]
 pub struct Shard {
-    pub params: Vec<f32>,
-    pub exp_avg: Vec<f32>,
-    pub exp_avg_sq: Vec<f32>,
+    pub params: Tensor,
+    pub exp_avg: Tensor,
+    pub exp_avg_sq: Tensor,
     /// Optimizer steps taken.
     pub step: u64,
 }
 
 impl Shard {
-    pub fn new(params: Vec<f32>) -> Self {
-        let n = params.len();
-        Self { params, exp_avg: vec![0.0; n], exp_avg_sq: vec![0.0; n], step: 0 }
+    pub fn new(params: Tensor) -> Self {
+        Self { exp_avg: params.zeros_like(), exp_avg_sq: params.zeros_like(), params, step: 0 }
+    }
+
+    pub fn len(&self) -> usize {
+        self.params.numel()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     /// Bytes of optimizer state this rank holds.
     pub fn optimizer_bytes(&self) -> usize {
-        (self.exp_avg.len() + self.exp_avg_sq.len()) * std::mem::size_of::<f32>()
+        (self.exp_avg.numel() + self.exp_avg_sq.numel()) * self.exp_avg.kind().elt_size_in_bytes()
     }
 
-    /// One AdamW step (decoupled weight decay, bias-corrected, as torch.optim.AdamW).
-    pub fn adamw(&mut self, grad: &[f64], scale: f64, hp: &AdamW) {
+    /// One AdamW step on `grad` (f64) times `scale`, as torch.optim.AdamW
+    /// computes it (decoupled weight decay, bias correction, f32 state).
+    /// Element-wise only, so every rank computes its slice exactly as a
+    /// single rank would.
+    pub fn adamw(&mut self, grad: &Tensor, scale: f64, hp: &AdamW) {
         self.step += 1;
         let t = self.step as i32;
         let (c1, c2) = (1.0 - hp.beta1.powi(t), 1.0 - hp.beta2.powi(t));
-        for (i, &g) in grad.iter().enumerate().take(self.params.len()) {
-            let g = g * scale;
-            let p = f64::from(self.params[i]) * (1.0 - hp.lr * hp.weight_decay);
-            let m = hp.beta1 * f64::from(self.exp_avg[i]) + (1.0 - hp.beta1) * g;
-            let v = hp.beta2 * f64::from(self.exp_avg_sq[i]) + (1.0 - hp.beta2) * g * g;
-            self.exp_avg[i] = m as f32;
-            self.exp_avg_sq[i] = v as f32;
-            let update = (m / c1) / ((v / c2).sqrt() + hp.eps);
-            self.params[i] = (p - hp.lr * update) as f32;
-        }
+        // In place, two temporaries: this runs over every parameter each step.
+        tch::no_grad(|| {
+            let mut g = grad.to_kind(Kind::Float);
+            if scale != 1.0 {
+                let _ = g.g_mul_scalar_(scale);
+            }
+            if hp.weight_decay != 0.0 {
+                let _ = self.params.g_mul_scalar_(1.0 - hp.lr * hp.weight_decay);
+            }
+            // m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
+            let _ = self.exp_avg.lerp_(&g, 1.0 - hp.beta1);
+            let _ = g.square_();
+            let _ = self.exp_avg_sq.lerp_(&g, 1.0 - hp.beta2);
+            // p -= lr / c1 * m / (sqrt(v) / sqrt(c2) + eps)
+            let mut step = self.exp_avg_sq.sqrt();
+            let _ = step.g_div_scalar_(c2.sqrt());
+            let _ = step.g_add_scalar_(hp.eps);
+            let _ = step.reciprocal_();
+            let _ = step.g_mul_(&self.exp_avg);
+            let _ = step.g_mul_scalar_(-hp.lr / c1);
+            let _ = self.params.g_add_(&step);
+        });
     }
+}
+
+fn to_vec<T: tch::kind::Element>(tensor: &Tensor) -> Vec<T> {
+    let cpu = tensor.to_device(tch::Device::Cpu).to_kind(T::KIND).contiguous();
+    let n = cpu.numel();
+    let mut out = vec![T::ZERO; n];
+    cpu.copy_data(&mut out, n);
+    out
 }
 
 /// Every rank's shard gathered into the full flattened model.
 pub fn all_gather_params(
     collective: &mut dyn Collective,
     layout: &Layout,
-    shard: &[f32],
-) -> Result<Vec<f32>, CollectiveError> {
-    let parts = collective.all_gather(f32_bytes(shard))?;
+    shard: &Tensor,
+) -> Result<Tensor, CollectiveError> {
+    if collective.world() == 1 {
+        return Ok(shard.shallow_clone());
+    }
+    let parts = collective.all_gather(f32_bytes(&to_vec::<f32>(shard)))?;
     let mut full = vec![0f32; layout.total];
     for (rank, bytes) in parts.iter().enumerate() {
         let values: Vec<f32> = bytes_f32(bytes).collect();
         layout.place(&values, rank, &mut full);
     }
-    Ok(full)
+    Ok(Tensor::from_slice(&full).to_device(shard.device()))
 }
 
-/// The sum over ranks of `full` (each rank's accumulated gradient), sliced to this rank.
+/// The sum over ranks of `full` (each rank's accumulated f64 gradient), sliced to this rank.
 pub fn reduce_scatter_grads(
     collective: &mut dyn Collective,
     layout: &Layout,
-    full: &[f64],
-) -> Result<Vec<f64>, CollectiveError> {
+    full: Tensor,
+) -> Result<Tensor, CollectiveError> {
+    if collective.world() == 1 {
+        return Ok(full);
+    }
     let rank = collective.rank();
-    // Each rank sends every other rank's slice; all_gather keeps it simple
-    // on the hub backend (a ring backend would send each slice once).
-    let parts = collective.all_gather(f64_bytes(full))?;
+    // Each rank sends its whole gradient; the hub backend keeps it simple
+    // (a ring backend would send each slice once).
+    let parts = collective.all_gather(f64_bytes(&to_vec::<f64>(&full)))?;
     let mut sum = vec![0f64; layout.shard_len(rank)];
     for bytes in &parts {
         let values: Vec<f64> = bytes_f64(bytes).collect();
@@ -214,7 +262,7 @@ pub fn reduce_scatter_grads(
             *s += v;
         }
     }
-    Ok(sum)
+    Ok(Tensor::from_slice(&sum).to_device(full.device()))
 }
 
 #[cfg(test)]
@@ -243,11 +291,12 @@ mod tests {
     #[test]
     fn adamw_matches_torch_first_step() {
         // First step: m = 0.1 g, v = 0.001 g^2, bias-corrected update = sign(g) (eps aside).
-        let mut shard = Shard::new(vec![1.0, -2.0]);
+        let mut shard = Shard::new(Tensor::from_slice(&[1.0f32, -2.0]));
         let hp = AdamW { lr: 0.1, weight_decay: 0.01, ..AdamW::default() };
-        shard.adamw(&[0.5, -3.0], 1.0, &hp);
+        shard.adamw(&Tensor::from_slice(&[0.5f64, -3.0]), 1.0, &hp);
         // p * (1 - lr * wd) - lr * sign(g)
-        assert!((shard.params[0] - (1.0 * 0.999 - 0.1) as f32).abs() < 1e-6);
-        assert!((shard.params[1] - (-2.0 * 0.999 + 0.1) as f32).abs() < 1e-6);
+        let params = to_vec::<f32>(&shard.params);
+        assert!((params[0] - (1.0 * 0.999 - 0.1) as f32).abs() < 1e-6);
+        assert!((params[1] - (-2.0 * 0.999 + 0.1) as f32).abs() < 1e-6);
     }
 }

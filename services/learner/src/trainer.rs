@@ -118,12 +118,19 @@ fn micro_batch(samples: &[&Sample], device: Device) -> MicroBatch {
     }
 }
 
-/// Logprobs of `targets` and the entropy of each position's distribution.
-fn token_logprobs(model: &Model, batch: &MicroBatch) -> (Tensor, Tensor) {
+/// Logprobs of `targets`, and the summed entropy of the trainable positions'
+/// distributions (only those: a full [rows, length, vocab] product would
+/// cost as much as the loss itself).
+fn token_logprobs(model: &Model, batch: &MicroBatch) -> (Tensor, f64) {
     let logits = model.forward(&batch.inputs, Some(&batch.attention)).to_kind(Kind::Float);
     let log_probs = logits.log_softmax(-1, Kind::Float);
     let taken = log_probs.gather(-1, &batch.targets.unsqueeze(-1), false).squeeze_dim(-1);
-    let entropy = tch::no_grad(|| -(log_probs.exp() * &log_probs).sum_dim_intlist(-1, false, Kind::Float));
+    let entropy = tch::no_grad(|| {
+        let vocab = log_probs.size()[2];
+        let trainable = batch.mask.view([-1]).gt(0.5).nonzero().squeeze_dim(1);
+        let rows = log_probs.view([-1, vocab]).index_select(0, &trainable);
+        -(rows.exp() * &rows).sum(Kind::Double).double_value(&[])
+    });
     (taken, entropy)
 }
 
@@ -139,16 +146,16 @@ impl Trainer {
         collective: Box<dyn Collective>,
     ) -> Self {
         let layout = Layout::new(&vars, collective.world());
-        let shard = Shard::new(layout.slice(&flatten(&vars, &layout), collective.rank()));
+        let shard = Shard::new(layout.slice_tensor(&flatten(&vars, &layout), collective.rank()));
         Self { vars, model, layout, shard, reference, config, collective }
     }
 
     /// Replaces this rank's shard (resuming from a checkpoint) and refreshes the model.
     pub fn restore(&mut self, shard: Shard) -> Result<(), TrainError> {
-        if shard.params.len() != self.layout.shard_len(self.collective.rank()) {
+        if shard.len() != self.layout.shard_len(self.collective.rank()) {
             return Err(TrainError::Batch(format!(
                 "checkpoint shard has {} parameters, this rank owns {}",
-                shard.params.len(),
+                shard.len(),
                 self.layout.shard_len(self.collective.rank())
             )));
         }
@@ -179,7 +186,7 @@ impl Trainer {
             return Err(TrainError::Batch("no sample of the step has a trainable token".into()));
         }
         let (rank, world) = (self.collective.rank(), self.collective.world());
-        let mut grads = vec![0f64; self.layout.total];
+        let mut grads = Tensor::zeros([self.layout.total as i64], (Kind::Double, device));
         // Sums over this rank's micro-batches: loss, entropy, clipped, ratio, kl, mismatch, ratio max.
         let mut sums = [0f64; 6];
         let mut ratio_max = 0f64;
@@ -215,7 +222,7 @@ impl Trainer {
                 Objective::Sft(aggregation) => sft_loss(&logprobs, &batch.mask, aggregation, totals),
             };
             sums[0] += loss.double_value(&[]);
-            sums[1] += (entropy * &batch.mask).sum(Kind::Double).double_value(&[]);
+            sums[1] += entropy;
             loss.backward();
             accumulate_grads(&self.vars, &self.layout, &mut grads);
         }
@@ -233,8 +240,8 @@ impl Trainer {
             global_ratio_max = global_ratio_max.max(values[6]);
         }
 
-        let grad = reduce_scatter_grads(self.collective.as_mut(), &self.layout, &grads)?;
-        let mut norm = [grad.iter().map(|g| g * g).sum::<f64>()];
+        let grad = reduce_scatter_grads(self.collective.as_mut(), &self.layout, grads)?;
+        let mut norm = [grad.norm().double_value(&[]).powi(2)];
         self.collective.all_reduce_sum(&mut norm)?;
         let grad_norm = norm[0].sqrt();
         let scale = if self.config.max_grad_norm > 0.0 && grad_norm > self.config.max_grad_norm {
