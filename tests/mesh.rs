@@ -43,7 +43,11 @@ fn start_mesh(redis_url: &str, token: &str, data: &std::path::Path) -> Result<BT
             ("SLEUTH_DEVICE", "cpu".to_owned()),
             ("SLEUTH_DATABASE_URL", format!("sqlite://{}", data.join("runs.db").display())),
         ];
-        if name == "policy-server" || name == "inference-gateway" {
+        if name == "learner" {
+            env.push(("SLEUTH_RUN_ID", "mesh".to_owned()));
+            env.push(("SLEUTH_CHECKPOINT_URI", data.join("checkpoints").display().to_string()));
+        }
+        if name == "policy-server" || name == "inference-gateway" || name == "learner" {
             let model = sleuth_testkit::cache_dir()?.join("models/smollm2-135m-instruct");
             env.push(("SLEUTH_MODEL", model.display().to_string()));
         }
@@ -140,10 +144,16 @@ async fn mesh_is_healthy_reflective_authenticated_and_drains_on_sigterm() -> Res
     let mut member = policy::v1::policy_server_client::PolicyServerClient::new(channel(policy, Some(&token)).await?);
     let info = member.get_model_info(policy::v1::GetModelInfoRequest {}).await?.into_inner();
     assert_eq!(info.architecture, "llama");
-    // A service whose RPCs are not implemented yet answers Unimplemented past auth.
+    // The learner waits on its run's (empty) stream at step 0.
     let learner = &mesh["learner"];
     let mut member = learner::v1::learner_client::LearnerClient::new(channel(learner, Some(&token)).await?);
-    let error = member.get_status(learner::v1::GetStatusRequest {}).await.unwrap_err();
+    let status = member.get_status(learner::v1::GetStatusRequest {}).await?.into_inner();
+    assert_eq!((status.run_id.as_str(), status.step), ("mesh", 0));
+    // A service whose RPCs are not implemented yet answers Unimplemented past auth.
+    let orchestrator = &mesh["rollout-orchestrator"];
+    let mut member =
+        rollout::v1::rollout_orchestrator_client::RolloutOrchestratorClient::new(channel(orchestrator, Some(&token)).await?);
+    let error = member.get_run(rollout::v1::GetRunRequest::default()).await.unwrap_err();
     assert_eq!(error.code(), Code::Unimplemented, "{error:?}");
 
     // Keep a connection open to every service while they shut down: idle

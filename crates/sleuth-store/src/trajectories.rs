@@ -133,10 +133,12 @@ impl GroupConsumer {
         Ok(entries)
     }
 
-    /// Up to `count` new entries, waiting up to `block_ms` for the first.
-    pub async fn read_new(&self, count: usize, block_ms: usize) -> Result<Vec<Entry>, StoreError> {
+    /// Up to `count` new entries, without waiting: a blocking read would hold
+    /// the shared multiplexed connection (and every command queued behind it,
+    /// health checks included), so callers poll.
+    pub async fn read_new(&self, count: usize) -> Result<Vec<Entry>, StoreError> {
         let mut connection = self.redis.connection().await?;
-        let options = StreamReadOptions::default().group(LEARNER_GROUP, &self.consumer).count(count).block(block_ms);
+        let options = StreamReadOptions::default().group(LEARNER_GROUP, &self.consumer).count(count);
         let reply: Option<StreamReadReply> =
             connection.xread_options(&[&self.key], &[">"], &options).await.map_err(|e| self.failed(e))?;
         let mut entries = Vec::new();

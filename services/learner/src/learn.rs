@@ -26,6 +26,9 @@ use crate::checkpoint::{self, Meta};
 use crate::publish::Publisher;
 use crate::trainer::{StepStats, Trainer};
 
+/// How often an idle learner looks for new groups.
+const POLL: std::time::Duration = std::time::Duration::from_millis(200);
+
 /// What rank 0 tells the others to do next.
 enum Command {
     Step(Vec<Sample>),
@@ -130,6 +133,7 @@ pub async fn lead(
     trainer = resumed;
     crate::records::migrate(&sources.database).await?;
     let consumer = GroupConsumer::open(sources.redis.clone(), &plan.run_id, "learner-0").await?;
+    let checkpointed_at_start = meta.step;
     let position: EntryId = meta.stream_position.parse().unwrap_or_default();
     let (done, mut replay): (Vec<Entry>, Vec<Entry>) =
         consumer.reclaim_pending().await?.into_iter().partition(|e| e.id <= position);
@@ -152,10 +156,13 @@ pub async fn lead(
             let entry = match queue.pop_front() {
                 Some(entry) => entry,
                 None => {
-                    let fresh = tokio::select! {
-                        fresh = consumer.read_new(plan.global_batch_size, 1000) => fresh?,
-                        _ = stop.changed() => Vec::new(),
-                    };
+                    let fresh = consumer.read_new(plan.global_batch_size).await?;
+                    if fresh.is_empty() {
+                        tokio::select! {
+                            () = tokio::time::sleep(POLL) => {}
+                            _ = stop.changed() => {}
+                        }
+                    }
                     uncommitted.extend(fresh.iter().map(|e| e.id));
                     queue.extend(fresh);
                     continue;
@@ -223,6 +230,12 @@ pub async fn lead(
             uncommitted.clear();
             progress.lock().expect("progress").last_checkpoint_step = meta.step;
         }
+    }
+    // Stopped early: keep the steps trained since the last checkpoint.
+    if meta.step > progress.lock().expect("progress").last_checkpoint_step.max(checkpointed_at_start) {
+        trainer = save_checkpoint(trainer, &sources, &meta).await?;
+        consumer.commit(&uncommitted).await?;
+        progress.lock().expect("progress").last_checkpoint_step = meta.step;
     }
     let (_trainer, stopped) = blocking(trainer, |t| t.collective.broadcast(Command::Stop.encode())).await?;
     stopped?;

@@ -385,12 +385,14 @@ pub async fn run(
         })
         .await
     });
-    // Training ends at max_steps (or on error); shutdown stops it between steps.
+    // Training ends at max_steps (or on error); shutdown stops it between
+    // steps, after a final checkpoint of the steps trained since the last one.
+    let mut training = training;
     let trained = tokio::select! {
-        trained = training => trained,
+        trained = &mut training => trained,
         () = shutdown => {
             let _ = stop.send(true);
-            Ok(Ok(()))
+            training.await
         }
     };
     let _ = served_tx.send(());
