@@ -151,8 +151,9 @@ async fn mesh_is_healthy_reflective_authenticated_and_drains_on_sigterm() -> Res
     assert_eq!((status.run_id.as_str(), status.step), ("mesh", 0));
     // A service whose RPCs are not implemented yet answers Unimplemented past auth.
     let orchestrator = &mesh["rollout-orchestrator"];
-    let mut member =
-        rollout::v1::rollout_orchestrator_client::RolloutOrchestratorClient::new(channel(orchestrator, Some(&token)).await?);
+    let mut member = rollout::v1::rollout_orchestrator_client::RolloutOrchestratorClient::new(
+        channel(orchestrator, Some(&token)).await?,
+    );
     let error = member.get_run(rollout::v1::GetRunRequest::default()).await.unwrap_err();
     assert_eq!(error.code(), Code::Unimplemented, "{error:?}");
 
