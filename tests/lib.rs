@@ -69,6 +69,13 @@ impl ServiceProcess {
         self.log.lock().unwrap().join("\n")
     }
 
+    /// SIGKILL: the process dies mid-work, as on a node failure.
+    pub fn kill(&mut self) -> Result<()> {
+        self.child.kill()?;
+        self.child.wait()?;
+        Ok(())
+    }
+
     /// Sends SIGTERM and waits (up to `limit`) for the process to exit.
     pub fn terminate(&mut self, limit: Duration) -> Result<(ExitStatus, Duration)> {
         let started = Instant::now();

@@ -15,6 +15,7 @@
 //! A ranking is a list of document ids, best first; repeated ids count once,
 //! at their first position (an agent may submit a document twice).
 
+pub mod reward;
 pub mod run;
 
 use std::collections::{BTreeMap, HashSet};

@@ -443,9 +443,13 @@ impl Model {
     }
 
     fn logits(&self, hidden: &Tensor) -> Tensor {
-        let hidden = self.norm.forward(hidden);
+        self.project(&self.norm.forward(hidden))
+    }
+
+    /// The output projection of final (normed) hidden states [..., hidden] to logits [..., vocab].
+    pub fn project(&self, hidden: &Tensor) -> Tensor {
         match &self.lm_head {
-            Some(head) => head.forward(&hidden),
+            Some(head) => head.forward(hidden),
             None => hidden.matmul(&self.embed_tokens.ws.tr()),
         }
     }
@@ -454,13 +458,20 @@ impl Model {
     /// `attention_mask` ([batch, length], 1 = token, 0 = right padding) keeps
     /// padding out of every real token's attention.
     pub fn forward(&self, input_ids: &Tensor, attention_mask: Option<&Tensor>) -> Tensor {
+        self.project(&self.hidden_states(input_ids, attention_mask))
+    }
+
+    /// Final normed hidden states [batch, length, hidden], before the output
+    /// projection: training projects only the positions it scores (a
+    /// [length, vocab] logits tensor dominates the memory of a long trace).
+    pub fn hidden_states(&self, input_ids: &Tensor, attention_mask: Option<&Tensor>) -> Tensor {
         let mask = attention_mask.map(|padding| self.padding_mask(padding));
         let rope = self.rope.cos_sin(0, input_ids.size()[1], self.kind());
         let mut hidden = self.embed_tokens.forward(input_ids);
         for layer in &self.layers {
             hidden = layer.forward(&hidden, (&rope.0, &rope.1), KvWrite::None, Attend::causal_unless(mask.as_ref()));
         }
-        self.logits(&hidden)
+        self.norm.forward(&hidden)
     }
 
     /// Prefills right-padded prompts together ([batch, length], `lengths[row]`

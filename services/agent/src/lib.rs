@@ -1,16 +1,24 @@
-//! Agent workers: run the multi-turn search-agent loop for one episode at a
-//! time (many concurrently) against the inference gateway and the tool gateway.
+//! Agent workers: run the multi-turn search-agent loop for many episodes at
+//! once against the inference gateway and the tool gateway.
 //!
-//! Status: the service starts and reports SERVING once the inference gateway
-//! and the tool gateway are SERVING; `RunEpisode` answers `Unimplemented`
-//! until the rollouts work lands.
+//! - [`prompt`]: what the model is told (system prompt, answer tool);
+//! - [`episode`]: the loop of one episode, its budgets and outcomes.
+
+pub mod episode;
+pub mod prompt;
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use sleuth_kit::{ErrorKind, GrpcService, KitError, ServeArgs, ServiceError, TelemetryArgs};
 use sleuth_proto::agent::v1::agent_server::{Agent, AgentServer};
+use sleuth_proto::agent::v1::{RunEpisodeRequest, RunEpisodeResponse};
+use sleuth_proto::inference::v1::inference_gateway_client::InferenceGatewayClient;
+use sleuth_proto::tools::v1::tool_gateway_client::ToolGatewayClient;
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tonic::{Request, Response, Status};
 
 /// Configuration, from flags or `SLEUTH_*` environment variables.
 #[derive(clap::Parser, Debug, Clone)]
@@ -27,6 +35,10 @@ pub struct Config {
     /// Tool gateway the agent's tool calls go to (host:port).
     #[arg(long, env = "SLEUTH_TOOL_GATEWAY", default_value = "127.0.0.1:50053")]
     pub tool_gateway: String,
+
+    /// Episodes this worker runs at once; more are refused with RESOURCE_EXHAUSTED.
+    #[arg(long, env = "SLEUTH_MAX_EPISODES", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_episodes: u32,
 
     #[command(flatten)]
     pub serve: ServeArgs,
@@ -50,12 +62,35 @@ impl ServiceError for Error {
     }
 }
 
-/// The RPC handlers. RPCs not overridden here answer `Unimplemented`.
-#[derive(Debug, Clone, Default)]
-pub struct Handlers;
+/// The RPC handlers.
+#[derive(Clone)]
+pub struct Handlers {
+    clients: episode::Clients,
+    slots: Arc<Semaphore>,
+}
 
 #[tonic::async_trait]
-impl Agent for Handlers {}
+impl Agent for Handlers {
+    async fn run_episode(&self, request: Request<RunEpisodeRequest>) -> Result<Response<RunEpisodeResponse>, Status> {
+        let request = request.into_inner();
+        episode::validate(&request).map_err(Status::invalid_argument)?;
+        let _slot = self.slots.clone().try_acquire_owned().map_err(|_| {
+            let mut status = Status::resource_exhausted("this agent worker runs its maximum number of episodes");
+            status.metadata_mut().insert(sleuth_kit::error::RETRY_AFTER_MS, "500".parse().expect("ascii"));
+            status
+        })?;
+        let episode = episode::run(&self.clients, &request).await;
+        tracing::info!(
+            episode = %episode.episode_id,
+            task = %episode.task_id,
+            outcome = ?episode.outcome(),
+            turns = episode.turns,
+            tokens = episode.total_tokens,
+            "episode finished"
+        );
+        Ok(Response::new(RunEpisodeResponse { episode: Some(episode) }))
+    }
+}
 
 /// Serves the agent on `listener` until `shutdown` resolves.
 pub async fn run(
@@ -64,7 +99,15 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
     let token = config.serve.bearer_token()?;
-    let mut service = GrpcService::new(AgentServer::new(Handlers));
+    let clients = episode::Clients {
+        model: InferenceGatewayClient::new(sleuth_kit::client::connect_lazy(
+            &config.inference_gateway,
+            token.as_ref(),
+        )?),
+        tools: ToolGatewayClient::new(sleuth_kit::client::connect_lazy(&config.tool_gateway, token.as_ref())?),
+    };
+    let handlers = Handlers { clients, slots: Arc::new(Semaphore::new(config.max_episodes as usize)) };
+    let mut service = GrpcService::new(AgentServer::new(handlers));
     service = service.with_probe(sleuth_kit::client::upstream_probe(
         "inference-gateway",
         &config.inference_gateway,

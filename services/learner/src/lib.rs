@@ -12,6 +12,7 @@ pub mod advantage;
 pub mod batch;
 pub mod checkpoint;
 pub mod collective;
+pub mod imprint;
 pub mod learn;
 pub mod loss;
 pub mod publish;

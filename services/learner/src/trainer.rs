@@ -118,20 +118,22 @@ fn micro_batch(samples: &[&Sample], device: Device) -> MicroBatch {
     }
 }
 
-/// Logprobs of `targets`, and the summed entropy of the trainable positions'
-/// distributions (only those: a full [rows, length, vocab] product would
-/// cost as much as the loss itself).
+/// Logprobs of `targets` at the trainable positions (0 elsewhere), and the
+/// summed entropy of those positions' distributions. Only trainable
+/// positions go through the output projection: prompts and observations
+/// never need their [positions, vocab] logits.
 fn token_logprobs(model: &Model, batch: &MicroBatch) -> (Tensor, f64) {
-    let logits = model.forward(&batch.inputs, Some(&batch.attention)).to_kind(Kind::Float);
-    let log_probs = logits.log_softmax(-1, Kind::Float);
-    let taken = log_probs.gather(-1, &batch.targets.unsqueeze(-1), false).squeeze_dim(-1);
-    let entropy = tch::no_grad(|| {
-        let vocab = log_probs.size()[2];
-        let trainable = batch.mask.view([-1]).gt(0.5).nonzero().squeeze_dim(1);
-        let rows = log_probs.view([-1, vocab]).index_select(0, &trainable);
-        -(rows.exp() * &rows).sum(Kind::Double).double_value(&[])
-    });
-    (taken, entropy)
+    let hidden = model.hidden_states(&batch.inputs, Some(&batch.attention));
+    let (rows, width, size) = (hidden.size()[0], hidden.size()[1], hidden.size()[2]);
+    let trainable = batch.mask.view([-1]).gt(0.5).nonzero().squeeze_dim(1);
+    let selected = hidden.view([rows * width, size]).index_select(0, &trainable);
+    let log_probs = model.project(&selected).to_kind(Kind::Float).log_softmax(-1, Kind::Float);
+    let targets = batch.targets.view([-1]).index_select(0, &trainable);
+    let taken = log_probs.gather(-1, &targets.unsqueeze(-1), false).squeeze_dim(-1);
+    let entropy = tch::no_grad(|| -(log_probs.exp() * &log_probs).sum(Kind::Double).double_value(&[]));
+    let full = Tensor::zeros([rows * width], (Kind::Float, hidden.device()));
+    let scattered = full.index_put(&[Some(trainable)], &taken, false).view([rows, width]);
+    (scattered, entropy)
 }
 
 impl Trainer {

@@ -1,0 +1,247 @@
+//! One episode of the search agent: ask the model, run its tool calls, feed
+//! the observations back, until it submits a ranking or a budget ends it.
+//! History is never truncated; the outcome says what ended the episode.
+
+use sleuth_kit::client::MeshChannel;
+use sleuth_proto::agent::v1::{AgentConfig, RunEpisodeRequest};
+use sleuth_proto::common::v1::{ChatMessage, Episode, EpisodeOutcome, SamplingParams, SegmentKind, ToolSpec};
+use sleuth_proto::inference::v1 as inference;
+use sleuth_proto::inference::v1::inference_gateway_client::InferenceGatewayClient;
+use sleuth_proto::tools::v1 as tools;
+use sleuth_proto::tools::v1::tool_gateway_client::ToolGatewayClient;
+use tonic::Code;
+
+use crate::prompt::{SUBMIT_TOOL, SYSTEM_PROMPT, parse_submission, submit_tool};
+
+/// Budgets when the request leaves them at 0.
+const DEFAULT_MAX_TURNS: u32 = 8;
+const DEFAULT_TURN_TOKENS: u32 = 512;
+const DEFAULT_EPISODE_TOKENS: u32 = 8192;
+
+#[derive(Clone)]
+pub struct Clients {
+    pub model: InferenceGatewayClient<MeshChannel>,
+    pub tools: ToolGatewayClient<MeshChannel>,
+}
+
+/// How the loop ended.
+struct End {
+    outcome: EpisodeOutcome,
+    detail: String,
+    ranking: Vec<String>,
+}
+
+impl End {
+    fn new(outcome: EpisodeOutcome, detail: impl Into<String>) -> Self {
+        Self { outcome, detail: detail.into(), ranking: Vec::new() }
+    }
+}
+
+/// Checks the request, naming the bad field.
+pub fn validate(request: &RunEpisodeRequest) -> Result<(), String> {
+    if request.episode_id.trim().is_empty() {
+        return Err("episode_id must not be empty".into());
+    }
+    let task = request.task.as_ref().ok_or("task is required")?;
+    if task.question.trim().is_empty() {
+        return Err(format!("task.question of task {:?} must not be empty", task.task_id));
+    }
+    if task.collection.trim().is_empty() {
+        return Err(format!("task.collection of task {:?} must name a tool-gateway collection", task.task_id));
+    }
+    let budget = request.config.as_ref().and_then(|c| c.budget).unwrap_or_default();
+    if budget.max_turns > 256 {
+        return Err(format!("config.budget.max_turns must be at most 256, got {}", budget.max_turns));
+    }
+    Ok(())
+}
+
+/// Runs the episode to its end. Errors of the model or the tools end the
+/// episode with the matching outcome; they are never returned as errors, so
+/// the orchestrator always gets the trace of what happened.
+pub async fn run(clients: &Clients, request: &RunEpisodeRequest) -> Episode {
+    let task = request.task.clone().unwrap_or_default();
+    let config = request.config.clone().unwrap_or_default();
+    let budget = config.budget.unwrap_or_default();
+    let max_turns = if budget.max_turns == 0 { DEFAULT_MAX_TURNS } else { budget.max_turns };
+    let turn_tokens =
+        if budget.max_new_tokens_per_turn == 0 { DEFAULT_TURN_TOKENS } else { budget.max_new_tokens_per_turn };
+    let episode_tokens =
+        if budget.max_episode_tokens == 0 { DEFAULT_EPISODE_TOKENS } else { budget.max_episode_tokens };
+    let system = if config.system_prompt.is_empty() { SYSTEM_PROMPT.to_owned() } else { config.system_prompt.clone() };
+    let mut messages = vec![
+        ChatMessage { role: "system".into(), content: system, ..Default::default() },
+        ChatMessage { role: "user".into(), content: task.question.clone(), ..Default::default() },
+    ];
+    let mut turns = 0u32;
+    let end = match offered_tools(clients, &task.collection, &config).await {
+        Err(end) => end,
+        Ok(tool_specs) => {
+            let mut used_tokens = 0u32;
+            loop {
+                if turns >= max_turns {
+                    break End::new(EpisodeOutcome::TurnLimit, format!("no answer after max_turns {max_turns}"));
+                }
+                let left = episode_tokens.saturating_sub(used_tokens);
+                if left == 0 {
+                    break End::new(EpisodeOutcome::TokenBudget, format!("max_episode_tokens {episode_tokens} used"));
+                }
+                let sampling = SamplingParams {
+                    max_new_tokens: turn_tokens.min(left),
+                    ..config.sampling.clone().unwrap_or_default()
+                };
+                let chat = inference::ChatRequest {
+                    episode_id: request.episode_id.clone(),
+                    messages: messages.clone(),
+                    tools: tool_specs.clone(),
+                    sampling: Some(sampling),
+                    ..Default::default()
+                };
+                let response = match clients.model.clone().chat(chat).await {
+                    Ok(response) => response.into_inner(),
+                    Err(status) if status.code() == Code::InvalidArgument && status.message().contains("context") => {
+                        break End::new(EpisodeOutcome::TokenBudget, status.message());
+                    }
+                    Err(status) => break End::new(EpisodeOutcome::ModelError, status.message()),
+                };
+                turns += 1;
+                let usage = response.usage.unwrap_or_default();
+                used_tokens = usage.prompt_tokens + usage.completion_tokens;
+                let reply = response.message.unwrap_or_default();
+                messages.push(reply.clone());
+                if reply.tool_calls.is_empty() {
+                    if response.finish_reason == "length" {
+                        break End::new(EpisodeOutcome::TokenBudget, format!("turn {turns} hit max_new_tokens"));
+                    }
+                    break End::new(EpisodeOutcome::Completed, "answered without calling submit_ranking");
+                }
+                if used_tokens >= episode_tokens {
+                    break End::new(EpisodeOutcome::TokenBudget, format!("max_episode_tokens {episode_tokens} used"));
+                }
+                if let Some(end) = run_tools(
+                    clients,
+                    &request.episode_id,
+                    &task.collection,
+                    &reply,
+                    budget.observation_char_cap,
+                    &mut messages,
+                )
+                .await
+                {
+                    break end;
+                }
+            }
+        }
+    };
+    finish(clients, request, task.task_id, messages, turns, end).await
+}
+
+/// The collection's tools (those `config.tools` names, or all) and the answer tool.
+async fn offered_tools(clients: &Clients, collection: &str, config: &AgentConfig) -> Result<Vec<ToolSpec>, End> {
+    let listed = clients
+        .tools
+        .clone()
+        .list_tools(tools::ListToolsRequest { collection: collection.to_owned() })
+        .await
+        .map_err(|status| End::new(EpisodeOutcome::ToolError, format!("listing tools: {}", status.message())))?
+        .into_inner();
+    let mut offered: Vec<ToolSpec> =
+        listed.tools.into_iter().filter(|t| config.tools.is_empty() || config.tools.contains(&t.name)).collect();
+    if let Some(unknown) = config.tools.iter().find(|n| *n != SUBMIT_TOOL && !offered.iter().any(|t| &t.name == *n)) {
+        return Err(End::new(EpisodeOutcome::ToolError, format!("config.tools names unknown tool {unknown:?}")));
+    }
+    offered.push(submit_tool());
+    Ok(offered)
+}
+
+/// Runs the reply's tool calls in order, appending one tool message each.
+/// Returns how the episode ends when it does (an answer, or a dead gateway).
+async fn run_tools(
+    clients: &Clients,
+    episode_id: &str,
+    collection: &str,
+    reply: &ChatMessage,
+    cap: u32,
+    messages: &mut Vec<ChatMessage>,
+) -> Option<End> {
+    for call in &reply.tool_calls {
+        if call.name == SUBMIT_TOOL {
+            return Some(match parse_submission(&call.arguments_json) {
+                Ok(ranking) => End { outcome: EpisodeOutcome::Completed, detail: String::new(), ranking },
+                // An unreadable answer is still the answer: it ranks nothing.
+                Err(why) => End::new(EpisodeOutcome::Completed, format!("unusable submission: {why}")),
+            });
+        }
+        let request = tools::CallToolRequest {
+            collection: collection.to_owned(),
+            name: call.name.clone(),
+            arguments_json: call.arguments_json.clone(),
+            observation_char_cap: cap,
+            episode_id: episode_id.to_owned(),
+        };
+        let observation = match clients.tools.clone().call_tool(request).await {
+            Ok(response) => response.into_inner().observation,
+            // The model's mistake (bad arguments, unknown tool or document): it sees the error and can recover.
+            Err(status) if matches!(status.code(), Code::InvalidArgument | Code::NotFound) => {
+                format!("Error: {}", status.message())
+            }
+            Err(status) => {
+                return Some(End::new(EpisodeOutcome::ToolError, format!("{}: {}", call.name, status.message())));
+            }
+        };
+        messages.push(ChatMessage {
+            role: "tool".into(),
+            content: observation,
+            tool_call_id: call.id.clone(),
+            name: call.name.clone(),
+            ..Default::default()
+        });
+    }
+    None
+}
+
+/// Fetches the final trace and assembles the episode.
+async fn finish(
+    clients: &Clients,
+    request: &RunEpisodeRequest,
+    task_id: String,
+    messages: Vec<ChatMessage>,
+    turns: u32,
+    mut end: End,
+) -> Episode {
+    let trace = if turns == 0 {
+        None
+    } else {
+        let finished = clients
+            .model
+            .clone()
+            .finish_episode(inference::FinishEpisodeRequest { episode_id: request.episode_id.clone() })
+            .await;
+        match finished {
+            Ok(trace) => Some(trace.into_inner()),
+            Err(status) => {
+                end = End::new(EpisodeOutcome::ModelError, format!("trace: {}", status.message()));
+                None
+            }
+        }
+    };
+    let segments = trace.as_ref().map(|t| t.segments.as_slice()).unwrap_or_default();
+    let total_tokens = segments.iter().map(|s| s.token_ids.len() as u32).sum();
+    let policy = || segments.iter().filter(|s| s.kind == SegmentKind::Policy as i32);
+    Episode {
+        episode_id: request.episode_id.clone(),
+        task_id,
+        sample_index: request.sample_index,
+        outcome: end.outcome as i32,
+        outcome_detail: end.detail,
+        messages,
+        ranking: end.ranking,
+        turns,
+        total_tokens,
+        generated_tokens: policy().map(|s| s.token_ids.len() as u32).sum(),
+        min_policy_version: policy().map(|s| s.policy_version).min().unwrap_or_default(),
+        max_policy_version: policy().map(|s| s.policy_version).max().unwrap_or_default(),
+        trace,
+        ..Default::default()
+    }
+}

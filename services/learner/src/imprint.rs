@@ -1,0 +1,164 @@
+//! Imprinting: trajectory SFT that teaches a small model to answer every
+//! conversation with one fixed reply. Tests and benchmarks of the machinery
+//! around the policy (agents, orchestrator) get a real model whose behaviour
+//! they know in advance: one that always calls a tool, or always submits.
+
+use std::path::Path;
+
+use sleuth_chat::ChatTemplate;
+use sleuth_model::export::{TinyShape, save_hf_dir, write_random_llama};
+use sleuth_model::{Config, Model, load_weights};
+use tch::Device;
+use tch::nn::VarStore;
+use tokenizers::Tokenizer;
+
+use crate::batch::Sample;
+use crate::collective::Single;
+use crate::loss::Aggregation;
+use crate::shard::AdamW;
+use crate::trainer::{Objective, Trainer, TrainerConfig};
+
+/// Everyday words the noise is drawn from: the conversations a test agent
+/// has are questions and search results in plain English.
+const WORDS: [&str; 64] = [
+    "why", "does", "it", "what", "is", "the", "a", "of", "in", "and", "to", "how", "when", "are", "do", "from", "rain",
+    "snow", "wind", "fog", "hail", "cloud", "clouds", "water", "air", "ice", "cold", "storm", "ground", "forms",
+    "fall", "grow", "heavy", "tiny", "droplets", "crystals", "pressure", "level", "moving", "high", "low", "vitamin",
+    "protein", "cells", "gene", "virus", "heart", "brain", "sleep", "energy", "light", "ocean", "soil", "study",
+    "effect", "risk", "patients", "results", "1.", "2.", "3.", "[doc]", "score", "(0.53)",
+];
+
+/// `words` random words: content the model must learn to ignore.
+fn noise(seed: &mut u64, words: usize) -> String {
+    (0..words)
+        .map(|_| {
+            *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            WORDS[(*seed >> 33) as usize % WORDS.len()]
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// A tool observation shaped like the tool gateway's search results.
+fn observation(seed: &mut u64, i: usize) -> String {
+    let mut text = format!("bm25_search results for \"{}\":\n", noise(seed, 2 + i % 3));
+    for rank in 1..=1 + i % 5 {
+        text.push_str(&format!(
+            "[{rank}] doc_id: {} | {}\n{}\n",
+            noise(seed, 1),
+            noise(seed, 2),
+            noise(seed, 6 + i % 9)
+        ));
+    }
+    text
+}
+
+/// What to imprint: the reply, and the system prompt and tools (OpenAI
+/// function specs) the model will be prompted with. Questions and tool
+/// observations vary freely; a tiny model only learns to ignore them.
+pub struct Imprint<'a> {
+    pub reply: &'a str,
+    pub system: &'a str,
+    pub tools: &'a [serde_json::Value],
+    pub max_steps: usize,
+}
+
+/// Writes to `out` a tiny model with the tokenizer and chat template of
+/// `tokenizer_dir` that answers conversations of the given system prompt and
+/// tools (any question, earlier replies and observations) with the reply,
+/// then ends its turn. Trains on fresh random conversations until greedy
+/// decoding of unseen ones gives exactly the reply (an error after
+/// `max_steps`); returns the final loss.
+pub fn imprint(tokenizer_dir: &Path, out: &Path, spec: &Imprint) -> Result<f64, String> {
+    let reply = spec.reply;
+    let fail = |e: &dyn std::fmt::Display| e.to_string();
+    let template = ChatTemplate::from_dir(tokenizer_dir).map_err(|e| fail(&e))?;
+    let tokenizer = Tokenizer::from_file(tokenizer_dir.join("tokenizer.json")).map_err(|e| fail(&e))?;
+    let end_of_turn =
+        tokenizer.token_to_id(&template.eos_token).ok_or("the template's eos token is not in the vocabulary")?;
+    let encode = |text: &str| -> Result<Vec<i64>, String> {
+        Ok(tokenizer.encode(text, false).map_err(|e| fail(&e))?.get_ids().iter().map(|&t| i64::from(t)).collect())
+    };
+    // A conversation of a shape the agent produces: a question, maybe an
+    // earlier reply and its tool observation, of random content and length.
+    // Every step trains on fresh ones, so the model cannot memorise them and
+    // learns the only thing they share: the reply after the assistant opening.
+    let conversation = |seed: &mut u64, i: usize| -> Result<(Sample, Vec<i64>, Vec<i64>), String> {
+        let mut messages = vec![
+            serde_json::json!({"role": "system", "content": spec.system}),
+            serde_json::json!({"role": "user", "content": noise(seed, 3 + 2 * (i % 7))}),
+        ];
+        for turn in 0..i % 3 {
+            messages.push(serde_json::json!({"role": "assistant", "content": reply}));
+            messages.push(serde_json::json!({"role": "tool", "content": observation(seed, i + turn)}));
+        }
+        let prompt = encode(&template.render(&messages, spec.tools, true).map_err(|e| fail(&e))?)?;
+        messages.push(serde_json::json!({"role": "assistant", "content": reply}));
+        let full = encode(&template.render(&messages, spec.tools, false).map_err(|e| fail(&e))?)?;
+        let end = full.iter().rposition(|&t| t == i64::from(end_of_turn)).ok_or("rendered reply has no end of turn")?;
+        if !full.starts_with(&prompt) || end < prompt.len() {
+            return Err("the chat template does not extend the prompt with the reply".into());
+        }
+        let tokens = full[..=end].to_vec();
+        let mask = (0..tokens.len()).map(|j| if j >= prompt.len() { 1.0 } else { 0.0 }).collect();
+        let expected = tokens[prompt.len()..].to_vec();
+        Ok((Sample { behaviour: vec![0.0; tokens.len()], tokens, mask, advantage: 0.0 }, prompt, expected))
+    };
+    let mut seed = 7u64;
+    const PER_STEP: usize = 8;
+
+    let scratch = tempfile::tempdir().map_err(|e| fail(&e))?;
+    write_random_llama(tokenizer_dir, scratch.path(), TinyShape::default(), 1).map_err(|e| fail(&e))?;
+    let config = Config::from_file(&scratch.path().join("config.json")).map_err(|e| fail(&e))?;
+    let mut vars = VarStore::new(Device::Cpu);
+    let model = Model::new(&vars.root(), &config);
+    load_weights(&mut vars, scratch.path()).map_err(|e| fail(&e))?;
+    let trainer_config = TrainerConfig {
+        objective: Objective::Sft(Aggregation::TokenMean),
+        optimizer: AdamW { lr: 1e-2, ..AdamW::default() },
+        max_grad_norm: 1.0,
+        micro_batch: PER_STEP,
+    };
+    let mut trainer = Trainer::new(vars, model, None, trainer_config, Box::new(Single));
+    // Greedy decoding of unseen conversations (with and without an earlier
+    // turn) must give the reply exactly: checked every few steps, the stop criterion.
+    let replies_exactly = |trainer: &Trainer, seed: &mut u64| -> Result<Option<String>, String> {
+        for i in 0..6 {
+            let (_, prompt, expected) = conversation(seed, i)?;
+            let mut sequence = prompt.clone();
+            tch::no_grad(|| {
+                while sequence.len() < prompt.len() + expected.len() {
+                    let logits = trainer.model.forward(&tch::Tensor::from_slice(&sequence).unsqueeze(0), None);
+                    sequence.push(logits.get(0).get(-1).argmax(-1, false).int64_value(&[]));
+                }
+            });
+            if sequence[prompt.len()..] != expected[..] {
+                let got: Vec<u32> = sequence[prompt.len()..].iter().map(|&t| t as u32).collect();
+                return Ok(Some(tokenizer.decode(&got, false).unwrap_or_default()));
+            }
+        }
+        Ok(None)
+    };
+    let mut loss = f64::INFINITY;
+    let mut last_miss = String::new();
+    for step in 0..spec.max_steps {
+        let samples = (0..PER_STEP)
+            .map(|i| conversation(&mut seed, step * PER_STEP + i).map(|(sample, _, _)| sample))
+            .collect::<Result<Vec<_>, _>>()?;
+        loss = trainer.step(&samples).map_err(|e| fail(&e))?.loss;
+        if step % 20 == 19 {
+            match replies_exactly(&trainer, &mut seed)? {
+                None => {
+                    let config_json: serde_json::Value = serde_json::from_slice(
+                        &std::fs::read(scratch.path().join("config.json")).map_err(|e| fail(&e))?,
+                    )
+                    .map_err(|e| fail(&e))?;
+                    save_hf_dir(&trainer.named_tensors(), &config_json, tokenizer_dir, out).map_err(|e| fail(&e))?;
+                    return Ok(loss);
+                }
+                Some(miss) => last_miss = miss,
+            }
+        }
+    }
+    Err(format!("after {} steps (loss {loss:.4}) an unseen conversation still gets {last_miss:?}", spec.max_steps))
+}
