@@ -154,7 +154,7 @@ async fn mesh_is_healthy_reflective_authenticated_and_drains_on_sigterm() -> Res
     let mut member = rollout::v1::rollout_orchestrator_client::RolloutOrchestratorClient::new(
         channel(orchestrator, Some(&token)).await?,
     );
-    let error = member.get_run(rollout::v1::GetRunRequest::default()).await.unwrap_err();
+    let error = member.evaluate(rollout::v1::EvaluateRequest::default()).await.unwrap_err();
     assert_eq!(error.code(), Code::Unimplemented, "{error:?}");
 
     // Keep a connection open to every service while they shut down: idle

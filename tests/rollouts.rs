@@ -13,6 +13,8 @@ use sleuth_kit::client::{MeshChannel, connect};
 use sleuth_proto::agent::v1::agent_client::AgentClient;
 use sleuth_proto::agent::v1::{AgentConfig, RunEpisodeRequest};
 use sleuth_proto::common::v1::{AgentBudget, Episode, EpisodeOutcome, SamplingParams, Task};
+use sleuth_proto::rollout::v1 as rollout;
+use sleuth_proto::rollout::v1::rollout_orchestrator_client::RolloutOrchestratorClient as OrchestratorClient;
 use sleuth_tests::ServiceProcess;
 
 const SEARCH: &str = r#"<tool_call>[{"name": "bm25_search", "arguments": {"query": "rain clouds"}}]</tool_call>"#;
@@ -34,8 +36,22 @@ fn weather(dir: &Path) -> Result<PathBuf> {
         ]
         .join("\n"),
     )?;
-    std::fs::write(source.join("queries.jsonl"), r#"{"_id": "q1", "text": "why does it rain"}"#)?;
-    std::fs::write(source.join("qrels/test.tsv"), "query-id\tcorpus-id\tscore\nq1\train\t2\nq1\tfog\t1\n")?;
+    let questions = [
+        ("q1", "why does it rain", "rain"),
+        ("q2", "what are snowflakes", "snow"),
+        ("q3", "what makes wind blow", "wind"),
+        ("q4", "what is fog made of", "fog"),
+        ("q5", "how do hailstones grow", "hail"),
+        ("q6", "what falls from clouds", "rain"),
+    ];
+    let queries: Vec<String> =
+        questions.iter().map(|(id, text, _)| format!(r#"{{"_id": "{id}", "text": "{text}"}}"#)).collect();
+    std::fs::write(source.join("queries.jsonl"), queries.join("\n"))?;
+    let mut qrels = String::from("query-id\tcorpus-id\tscore\nq1\tfog\t1\n");
+    for (id, _, doc) in questions {
+        qrels.push_str(&format!("{id}\t{doc}\t2\n"));
+    }
+    std::fs::write(source.join("qrels/test.tsv"), qrels)?;
     let index = dir.join("weather-index");
     #[derive(clap::Parser)]
     struct Index {
@@ -100,17 +116,22 @@ fn imprinted(smollm2: &Path, reply: &str, tools: &[serde_json::Value]) -> Result
     Ok(dir)
 }
 
-/// One policy behind an inference gateway, the tool gateway, and an agent worker.
+/// One policy behind an inference gateway, the tool gateway, and agent workers.
 struct Mesh {
     tools: ServiceProcess,
     policy: ServiceProcess,
     _gateway: ServiceProcess,
-    agent: ServiceProcess,
+    agents: Vec<ServiceProcess>,
+    redis_url: String,
     _redis: sleuth_testkit::TestServer,
 }
 
 impl Mesh {
     fn start(model: &Path, index: &Path) -> Result<Self> {
+        Self::with_agents(model, index, 1)
+    }
+
+    fn with_agents(model: &Path, index: &Path, agents: usize) -> Result<Self> {
         let redis = sleuth_testkit::redis()?;
         let redis_url = sleuth_testkit::redis_url(&redis);
         let tools = ServiceProcess::start(
@@ -129,21 +150,43 @@ impl Mesh {
             "inference-gateway",
             &[
                 ("SLEUTH_MODEL", model),
-                ("SLEUTH_REDIS_URL", redis_url),
+                ("SLEUTH_REDIS_URL", redis_url.clone()),
                 ("SLEUTH_POLICY_SERVERS", policy.addr.clone()),
                 ("SLEUTH_HTTP_LISTEN", "127.0.0.1:0".into()),
             ],
         )?;
-        let agent = ServiceProcess::start(
-            "agent",
-            &[("SLEUTH_INFERENCE_GATEWAY", gateway.addr.clone()), ("SLEUTH_TOOL_GATEWAY", tools.addr.clone())],
-        )?;
-        Ok(Self { tools, policy, _gateway: gateway, agent, _redis: redis })
+        let agents = (0..agents)
+            .map(|_| {
+                ServiceProcess::start(
+                    "agent",
+                    &[("SLEUTH_INFERENCE_GATEWAY", gateway.addr.clone()), ("SLEUTH_TOOL_GATEWAY", tools.addr.clone())],
+                )
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self { tools, policy, _gateway: gateway, agents, redis_url, _redis: redis })
     }
 
     async fn client(&self) -> Result<AgentClient<MeshChannel>> {
-        sleuth_testkit::service::wait_serving(&self.agent.addr, "sleuth.agent.v1.Agent").await?;
-        Ok(AgentClient::new(connect(&self.agent.addr, None, Duration::from_secs(5)).await?))
+        for agent in &self.agents {
+            sleuth_testkit::service::wait_serving(&agent.addr, "sleuth.agent.v1.Agent").await?;
+        }
+        Ok(AgentClient::new(connect(&self.agents[0].addr, None, Duration::from_secs(5)).await?))
+    }
+
+    /// An orchestrator over this mesh's agent workers, with its state in `database`.
+    async fn orchestrator(&self, database: &Path) -> Result<(ServiceProcess, OrchestratorClient<MeshChannel>)> {
+        let workers: Vec<String> = self.agents.iter().map(|a| a.addr.clone()).collect();
+        let process = ServiceProcess::start(
+            "rollout-orchestrator",
+            &[
+                ("SLEUTH_REDIS_URL", self.redis_url.clone()),
+                ("SLEUTH_DATABASE_URL", format!("sqlite://{}", database.display())),
+                ("SLEUTH_AGENT_WORKERS", workers.join(",")),
+            ],
+        )?;
+        sleuth_testkit::service::wait_serving(&process.addr, "sleuth.rollout.v1.RolloutOrchestrator").await?;
+        let client = OrchestratorClient::new(connect(&process.addr, None, Duration::from_secs(5)).await?);
+        Ok((process, client))
     }
 }
 
@@ -253,5 +296,247 @@ async fn budgets_and_failures_end_episodes_with_the_right_outcome() -> Result<()
     bad.task.as_mut().context("task")?.collection.clear();
     let status = agent.run_episode(bad).await.unwrap_err();
     assert!(status.message().contains("task.collection"), "{status:?}");
+    Ok(())
+}
+
+/// The imprinted policies and the indexed collection every rollout test uses.
+async fn policies(scratch: &Path) -> Result<Option<(PathBuf, PathBuf, PathBuf)>> {
+    let Some(smollm2) = smollm2() else { return Ok(None) };
+    let index = weather(scratch)?;
+    let tools_only = ServiceProcess::start(
+        "tool-gateway",
+        &[
+            ("SLEUTH_COLLECTIONS", format!("weather={}", index.display())),
+            ("SLEUTH_INDEX_ROOT", index.display().to_string()),
+        ],
+    )?;
+    let tools = agent_tools(&tools_only).await?;
+    drop(tools_only);
+    Ok(Some((index, imprinted(&smollm2, SEARCH, &tools)?, imprinted(&smollm2, SUBMIT, &tools)?)))
+}
+
+fn spec(
+    index: &Path,
+    group_size: u32,
+    batch: u32,
+    concurrency: u32,
+    staleness: u32,
+    max_turns: u32,
+) -> rollout::RunSpec {
+    let source = index.parent().map(|p| p.join("weather")).unwrap_or_default();
+    rollout::RunSpec {
+        name: "test".into(),
+        train: Some(rollout::TaskSet {
+            source_uri: source.display().to_string(),
+            collection: "weather".into(),
+            split: "test".into(),
+            limit: 0,
+        }),
+        agent: Some(AgentConfig {
+            budget: Some(budget(max_turns, 64, 8192)),
+            sampling: Some(SamplingParams { temperature: Some(0.0), ..Default::default() }),
+            ..Default::default()
+        }),
+        group_size,
+        global_batch_size: batch,
+        max_epochs: 1,
+        rollout_max_concurrency: concurrency,
+        max_staleness: staleness,
+        ..Default::default()
+    }
+}
+
+/// The groups in a run's stream, decoded.
+async fn stream_groups(redis_url: &str, run: &str) -> Result<Vec<sleuth_proto::common::v1::TrajectoryGroup>> {
+    use prost::Message;
+    let client = redis::Client::open(redis_url)?;
+    let mut connection = client.get_multiplexed_async_connection().await?;
+    let reply: redis::streams::StreamRangeReply =
+        redis::AsyncCommands::xrange_all(&mut connection, sleuth_store::trajectories::stream_key(run)).await?;
+    reply
+        .ids
+        .iter()
+        .map(|entry| {
+            let bytes: Vec<u8> = entry.get(sleuth_store::trajectories::GROUP_FIELD).context("group field")?;
+            Ok(sleuth_proto::common::v1::TrajectoryGroup::decode(bytes.as_slice())?)
+        })
+        .collect()
+}
+
+async fn in_flight(agents: &[ServiceProcess]) -> Result<i64> {
+    let mut total = 0;
+    for agent in agents {
+        let metrics = reqwest_metrics(&agent.addr).await?;
+        total += metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("sleuth_agent_episodes_in_flight "))
+            .and_then(|v| v.trim().parse::<i64>().ok())
+            .unwrap_or(0);
+    }
+    Ok(total)
+}
+
+/// GET /metrics over plain HTTP/1.1.
+async fn reqwest_metrics(addr: &str) -> Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text).await?;
+    Ok(text)
+}
+
+async fn wait_for(
+    client: &mut OrchestratorClient<MeshChannel>,
+    run: &str,
+    limit: Duration,
+    done: impl Fn(&rollout::Run) -> bool,
+) -> Result<rollout::Run> {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        let state = client.get_run(rollout::GetRunRequest { run_id: run.into() }).await?.into_inner();
+        if done(&state) {
+            return Ok(state);
+        }
+        anyhow::ensure!(std::time::Instant::now() < deadline, "run {run} not there after {limit:?}: {state:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn published(run: &rollout::Run) -> u64 {
+    run.progress.as_ref().map_or(0, |p| p.groups_published)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_publish_every_group_once_within_concurrency_and_staleness() -> Result<()> {
+    let scratch = tempfile::tempdir()?;
+    let Some((index, _searcher, submitter)) = policies(scratch.path()).await? else { return Ok(()) };
+    let mesh = Mesh::with_agents(&submitter, &index, 2)?;
+    mesh.client().await?;
+    let (_orchestrator, mut client) = mesh.orchestrator(&scratch.path().join("runs.db")).await?;
+
+    // Bad specs name the field.
+    let mut bad = spec(&index, 0, 2, 2, 0, 4);
+    let status = client
+        .create_run(rollout::CreateRunRequest { spec: Some(bad.clone()), run_id: "bad".into() })
+        .await
+        .unwrap_err();
+    assert!(status.message().contains("spec.group_size"), "{status:?}");
+    bad.group_size = 2;
+    bad.train.as_mut().context("train")?.split = "nope".into();
+    let status =
+        client.create_run(rollout::CreateRunRequest { spec: Some(bad), run_id: "bad".into() }).await.unwrap_err();
+    assert!(status.message().contains("spec.train"), "{status:?}");
+
+    // 6 tasks, groups of 3, 2 groups per step, at most 2 episodes at once, no staleness allowed.
+    let created = client
+        .create_run(rollout::CreateRunRequest { spec: Some(spec(&index, 3, 2, 2, 0, 4)), run_id: "gated".into() })
+        .await?
+        .into_inner();
+    assert_eq!(created.stream_key, "sleuth:run:gated:groups");
+    let redis = sleuth_store::RedisStore::open(&mesh.redis_url)?;
+
+    // Watch the workers' own in-flight gauges while the run goes.
+    let mut peak = 0;
+    let first_step =
+        |run: &rollout::Run| published(run) >= 2 && run.progress.as_ref().is_some_and(|p| p.episodes_in_flight == 0);
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        peak = peak.max(in_flight(&mesh.agents).await?);
+        let run = client.get_run(rollout::GetRunRequest { run_id: "gated".into() }).await?.into_inner();
+        if first_step(&run) {
+            break;
+        }
+        anyhow::ensure!(std::time::Instant::now() < deadline, "first step's groups never published: {run:?}");
+        tokio::time::sleep(Duration::from_millis(15)).await;
+    }
+    // The learner is still at version 0: the next step's groups must wait.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let held = client.get_run(rollout::GetRunRequest { run_id: "gated".into() }).await?.into_inner();
+    assert_eq!(published(&held), 2, "no group may start more than max_staleness steps ahead of the learner");
+    assert_eq!(stream_groups(&mesh.redis_url, "gated").await?.len(), 2);
+
+    for version in 1..=2 {
+        sleuth_store::trajectories::set_learner_version(&redis, "gated", version).await?;
+        let target = 2 * (version + 1);
+        loop {
+            peak = peak.max(in_flight(&mesh.agents).await?);
+            let run = client.get_run(rollout::GetRunRequest { run_id: "gated".into() }).await?.into_inner();
+            if published(&run) >= target {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(15)).await;
+        }
+    }
+    let succeeded = |run: &rollout::Run| run.status == rollout::RunStatus::Succeeded as i32;
+    let finished = wait_for(&mut client, "gated", Duration::from_secs(60), succeeded).await?;
+    assert!(peak <= 2, "rollout_max_concurrency 2 exceeded: {peak} episodes in flight at once");
+    assert!(peak >= 1, "the workers' gauges were observed");
+
+    // Every task's group published exactly once, with G scored episodes.
+    let groups = stream_groups(&mesh.redis_url, "gated").await?;
+    let mut ids: Vec<&str> = groups.iter().map(|g| g.group_id.as_str()).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, ["e0-q1", "e0-q2", "e0-q3", "e0-q4", "e0-q5", "e0-q6"]);
+    for group in &groups {
+        assert_eq!(group.episodes.len(), 3);
+        assert!(group.episodes.iter().all(|e| e.outcome() == EpisodeOutcome::Completed && e.trace.is_some()));
+    }
+    let q1 = groups.iter().find(|g| g.group_id == "e0-q1").context("q1")?;
+    // The submitter ranks rain then fog: q1's judgements (rain 2, fog 1) give nDCG 1.
+    assert!((q1.episodes[0].reward - 1.0).abs() < 1e-9, "{}", q1.episodes[0].reward);
+    assert_eq!(published(&finished), 6);
+    let listed = client.list_runs(rollout::ListRunsRequest::default()).await?.into_inner();
+    assert!(listed.runs.iter().any(|r| r.run_id == "gated"));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_survive_a_dead_worker_and_an_orchestrator_restart() -> Result<()> {
+    let scratch = tempfile::tempdir()?;
+    let Some((index, searcher, _submitter)) = policies(scratch.path()).await? else { return Ok(()) };
+    let mut mesh = Mesh::with_agents(&searcher, &index, 2)?;
+    mesh.client().await?;
+    let database = scratch.path().join("runs.db");
+    let (mut orchestrator, mut client) = mesh.orchestrator(&database).await?;
+    client
+        .create_run(rollout::CreateRunRequest { spec: Some(spec(&index, 2, 2, 2, 100, 3)), run_id: "faults".into() })
+        .await?;
+
+    // A worker dies mid-run: its episodes are rerun on the other one.
+    wait_for(&mut client, "faults", Duration::from_secs(120), |run| {
+        run.progress.as_ref().is_some_and(|p| p.episodes_in_flight > 0)
+    })
+    .await?;
+    mesh.agents[0].kill()?;
+    wait_for(&mut client, "faults", Duration::from_secs(120), |run| published(run) >= 3).await?;
+
+    // The orchestrator dies mid-run and comes back: the run resumes.
+    orchestrator.kill()?;
+    let before = stream_groups(&mesh.redis_url, "faults").await?.len();
+    assert!((3..6).contains(&before), "killed mid-run ({before} groups out)");
+    let (_restarted, mut client) = mesh.orchestrator(&database).await?;
+    let done = wait_for(&mut client, "faults", Duration::from_secs(180), |run| {
+        run.status != rollout::RunStatus::Running as i32
+    })
+    .await?;
+    assert_eq!(done.status, rollout::RunStatus::Succeeded as i32, "{}", done.status_detail);
+
+    // Nothing lost, nothing published twice.
+    let groups = stream_groups(&mesh.redis_url, "faults").await?;
+    let mut ids: Vec<String> = groups.iter().map(|g| g.group_id.clone()).collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!((groups.len(), ids.len()), (6, 6), "{ids:?}");
+    assert!(groups.iter().all(|g| g.episodes.len() == 2));
+    let outcomes: Vec<(EpisodeOutcome, &str)> =
+        groups.iter().flat_map(|g| &g.episodes).map(|e| (e.outcome(), e.outcome_detail.as_str())).collect();
+    // Each ran to a normal end on a live worker (the imprinted searcher does
+    // not call its tool for every question it never saw; that ends as completed).
+    assert!(
+        outcomes.iter().all(|(o, _)| matches!(o, EpisodeOutcome::TurnLimit | EpisodeOutcome::Completed)),
+        "{outcomes:?}"
+    );
+    assert!(groups.iter().flat_map(|g| &g.episodes).all(|e| e.trace.is_some() && e.turns >= 1));
     Ok(())
 }

@@ -74,6 +74,44 @@ pub async fn publish(redis: &RedisStore, run_id: &str, payload: &[u8]) -> Result
     id.parse().map_err(|message| StoreError::Object { store: redis.url().to_owned(), message })
 }
 
+/// Key marking that a group was published (set in the same atomic step as the append).
+pub fn published_key(run_id: &str, group_id: &str) -> String {
+    format!("sleuth:run:{run_id}:published:{group_id}")
+}
+
+/// Appends the group once: the marker and the append happen in one Lua
+/// script (atomic in Redis), so an orchestrator that crashes after
+/// publishing and restarts cannot publish the group again. Returns the new
+/// entry's id, or None when the group was already published.
+pub async fn publish_once(
+    redis: &RedisStore,
+    run_id: &str,
+    group_id: &str,
+    payload: &[u8],
+) -> Result<Option<EntryId>, StoreError> {
+    const SCRIPT: &str = "if redis.call('SET', KEYS[1], '1', 'NX') then \
+        return redis.call('XADD', KEYS[2], '*', ARGV[1], ARGV[2]) else return false end";
+    let mut connection = redis.connection().await?;
+    let id: Option<String> = redis::Script::new(SCRIPT)
+        .key(published_key(run_id, group_id))
+        .key(stream_key(run_id))
+        .arg(GROUP_FIELD)
+        .arg(payload)
+        .invoke_async(&mut connection)
+        .await
+        .map_err(|source| StoreError::Redis { url: redis.url().to_owned(), source })?;
+    id.map(|id| id.parse().map_err(|message| StoreError::Object { store: redis.url().to_owned(), message })).transpose()
+}
+
+/// Whether the group was published (see [`publish_once`]).
+pub async fn is_published(redis: &RedisStore, run_id: &str, group_id: &str) -> Result<bool, StoreError> {
+    let mut connection = redis.connection().await?;
+    connection
+        .exists(published_key(run_id, group_id))
+        .await
+        .map_err(|source| StoreError::Redis { url: redis.url().to_owned(), source })
+}
+
 /// The learner's side of a run's stream.
 pub struct GroupConsumer {
     redis: RedisStore,

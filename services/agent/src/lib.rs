@@ -62,6 +62,13 @@ impl ServiceError for Error {
     }
 }
 
+static IN_FLIGHT: std::sync::LazyLock<sleuth_kit::metrics::IntGauge> = std::sync::LazyLock::new(|| {
+    sleuth_kit::metrics::gauge("sleuth_agent_episodes_in_flight", "Episodes this worker is running.")
+});
+static EPISODES: std::sync::LazyLock<sleuth_kit::metrics::IntCounterVec> = std::sync::LazyLock::new(|| {
+    sleuth_kit::metrics::counter_vec("sleuth_agent_episodes_total", "Finished episodes by outcome.", &["outcome"])
+});
+
 /// The RPC handlers.
 #[derive(Clone)]
 pub struct Handlers {
@@ -79,7 +86,10 @@ impl Agent for Handlers {
             status.metadata_mut().insert(sleuth_kit::error::RETRY_AFTER_MS, "500".parse().expect("ascii"));
             status
         })?;
+        IN_FLIGHT.inc();
         let episode = episode::run(&self.clients, &request).await;
+        IN_FLIGHT.dec();
+        EPISODES.with_label_values(&[sleuth_metrics::reward::outcome_name(episode.outcome())]).inc();
         tracing::info!(
             episode = %episode.episode_id,
             task = %episode.task_id,

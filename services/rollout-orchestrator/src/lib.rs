@@ -1,25 +1,40 @@
-//! The rollout orchestrator: owns training runs and evaluation jobs, fans
-//! tasks out as groups of episodes to agent workers, scores them and publishes
-//! finished groups to the run's Redis stream; run state lives in SQL.
+//! The rollout orchestrator: owns training runs. It fans each task out as a
+//! group of episodes to agent workers, scores them, and publishes finished
+//! groups to the run's Redis stream for the learner; run state lives in SQL
+//! so a restarted orchestrator resumes its runs.
 //!
-//! Status: the service starts and reports SERVING once its database and Redis
-//! answer; every RPC of `sleuth.rollout.v1.RolloutOrchestrator` answers
-//! `Unimplemented` until the rollouts work lands.
+//! - [`tasks`]: task sets from BEIR collections;
+//! - [`workers`]: the agent workers and episode failover;
+//! - [`runs`]: driving a run (concurrency, staleness gate, exactly-once publication);
+//! - [`state`]: runs, groups and episodes in SQL.
+//!
+//! Not yet here: `Evaluate` / `GetEvaluation` (answer `Unimplemented`).
+
+pub mod runs;
+pub mod state;
+pub mod tasks;
+pub mod workers;
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use sleuth_kit::{ErrorKind, GrpcService, KitError, ServeArgs, ServiceError, TelemetryArgs};
+use sleuth_proto::rollout::v1 as pb;
 use sleuth_proto::rollout::v1::rollout_orchestrator_server::{RolloutOrchestrator, RolloutOrchestratorServer};
 use sleuth_store::{Database, DatabaseArgs, RedisArgs, RedisStore};
 use tokio::net::TcpListener;
+use tonic::{Request, Response, Status};
+
+use crate::runs::Runner;
 
 /// Configuration, from flags or `SLEUTH_*` environment variables.
 #[derive(clap::Parser, Debug, Clone)]
 #[command(
     name = "rollout-orchestrator",
     version,
-    about = "Owns training runs: fans episodes out to agents, scores them and publishes trajectory groups."
+    about = "Owns training runs: fans tasks out to agent workers and publishes scored groups."
 )]
 pub struct Config {
     /// Address to listen on for gRPC.
@@ -31,6 +46,10 @@ pub struct Config {
 
     #[command(flatten)]
     pub redis: RedisArgs,
+
+    /// Agent workers (host:port), comma separated.
+    #[arg(long, env = "SLEUTH_AGENT_WORKERS", value_delimiter = ',', default_value = "127.0.0.1:50052")]
+    pub agent_workers: Vec<String>,
 
     #[command(flatten)]
     pub serve: ServeArgs,
@@ -57,14 +76,167 @@ impl ServiceError for Error {
     }
 }
 
-/// The RPC handlers. RPCs not overridden here answer `Unimplemented`.
-#[derive(Debug, Clone, Default)]
-pub struct Handlers;
+/// Checks a run spec, naming the first bad field.
+pub fn validate(spec: &pb::RunSpec) -> Result<(), String> {
+    if !(1..=64).contains(&spec.group_size) {
+        return Err(format!("spec.group_size must be 1..=64, got {}", spec.group_size));
+    }
+    if spec.global_batch_size == 0 {
+        return Err("spec.global_batch_size must be at least 1".into());
+    }
+    if spec.rollout_max_concurrency == 0 {
+        return Err("spec.rollout_max_concurrency must be at least 1".into());
+    }
+    let train = spec.train.as_ref().ok_or("spec.train is required")?;
+    tasks::load(train, "spec.train")?;
+    if let Some(reward) = &spec.reward {
+        if !reward.name.is_empty() && reward.name != "ndcg@10" {
+            return Err(format!("spec.reward.name {:?} is not a registered reward (ndcg@10)", reward.name));
+        }
+        sleuth_metrics::reward::NdcgReward::with_penalties(&reward.outcome_penalties.clone().into_iter().collect())
+            .map_err(|e| format!("spec.reward.{e}"))?;
+    }
+    Ok(())
+}
+
+#[derive(Clone)]
+pub struct Handlers {
+    runner: Runner,
+}
+
+fn internal(error: impl std::fmt::Display) -> Status {
+    Status::internal(error.to_string())
+}
+
+impl Handlers {
+    async fn load(&self, run_id: &str) -> Result<pb::Run, Status> {
+        let mut run = self
+            .runner
+            .state
+            .run(run_id)
+            .await
+            .map_err(internal)?
+            .ok_or_else(|| Status::not_found(format!("no run {run_id:?}")))?;
+        if let Some((progress, status)) = self.runner.progress(run_id) {
+            run.progress = Some(progress);
+            if status != pb::RunStatus::Running && run.status == pb::RunStatus::Running as i32 {
+                run.status = status as i32;
+            }
+        }
+        Ok(run)
+    }
+}
 
 #[tonic::async_trait]
-impl RolloutOrchestrator for Handlers {}
+impl RolloutOrchestrator for Handlers {
+    async fn create_run(&self, request: Request<pb::CreateRunRequest>) -> Result<Response<pb::Run>, Status> {
+        let request = request.into_inner();
+        let spec = request.spec.ok_or_else(|| Status::invalid_argument("spec is required"))?;
+        validate(&spec).map_err(Status::invalid_argument)?;
+        let run_id = if request.run_id.is_empty() {
+            let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+            format!("run-{nanos:x}")
+        } else {
+            request.run_id
+        };
+        if self.runner.state.create(&run_id, &spec).await.map_err(internal)? {
+            tracing::info!(run = %run_id, "run created");
+            self.runner.start(run_id.clone(), spec);
+        }
+        Ok(Response::new(self.load(&run_id).await?))
+    }
 
-/// Serves the rollout-orchestrator on `listener` until `shutdown` resolves.
+    async fn get_run(&self, request: Request<pb::GetRunRequest>) -> Result<Response<pb::Run>, Status> {
+        Ok(Response::new(self.load(&request.into_inner().run_id).await?))
+    }
+
+    async fn list_runs(&self, request: Request<pb::ListRunsRequest>) -> Result<Response<pb::ListRunsResponse>, Status> {
+        let request = request.into_inner();
+        let size = if request.page_size == 0 { 20 } else { request.page_size };
+        if size > 100 {
+            return Err(Status::invalid_argument(format!("page_size must be 1..=100, got {size}")));
+        }
+        let offset: i64 = if request.page_token.is_empty() {
+            0
+        } else {
+            request.page_token.parse().map_err(|_| {
+                Status::invalid_argument(format!("page_token {:?} is not one of ours", request.page_token))
+            })?
+        };
+        let runs = self.runner.state.runs(offset, i64::from(size) + 1).await.map_err(internal)?;
+        let next = if runs.len() > size as usize { (offset + i64::from(size)).to_string() } else { String::new() };
+        let mut page = Vec::new();
+        for run in runs.into_iter().take(size as usize) {
+            page.push(self.load(&run.run_id).await?);
+        }
+        Ok(Response::new(pb::ListRunsResponse { runs: page, next_page_token: next }))
+    }
+
+    async fn cancel_run(&self, request: Request<pb::CancelRunRequest>) -> Result<Response<pb::Run>, Status> {
+        let request = request.into_inner();
+        let run = self.load(&request.run_id).await?;
+        if run.status == pb::RunStatus::Running as i32 {
+            self.runner.cancel(&request.run_id);
+            let reason = if request.reason.is_empty() { "cancelled" } else { request.reason.as_str() };
+            self.runner.state.set_status(&request.run_id, pb::RunStatus::Cancelled, reason).await.map_err(internal)?;
+        }
+        Ok(Response::new(self.load(&request.run_id).await?))
+    }
+
+    async fn watch_run(
+        &self,
+        request: Request<pb::WatchRunRequest>,
+    ) -> Result<Response<tonic::codegen::BoxStream<pb::RunEvent>>, Status> {
+        let run_id = request.into_inner().run_id;
+        self.load(&run_id).await?;
+        let handlers = self.clone();
+        let mut episodes = self.runner.subscribe(&run_id);
+        let (tx, rx) = tokio::sync::mpsc::channel(64);
+        tokio::spawn(async move {
+            let at = || {
+                let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+                Some(prost_types::Timestamp { seconds: now.as_secs() as i64, nanos: now.subsec_nanos() as i32 })
+            };
+            loop {
+                // Episodes finished since the last look, then the progress.
+                if let Some(receiver) = episodes.as_mut() {
+                    while let Ok(summary) = receiver.try_recv() {
+                        let event = pb::RunEvent { at: at(), event: Some(pb::run_event::Event::Episode(summary)) };
+                        if tx.send(Ok(event)).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+                let run = match handlers.load(&run_id).await {
+                    Ok(run) => run,
+                    Err(status) => {
+                        let _ = tx.send(Err(status)).await;
+                        return;
+                    }
+                };
+                let progress = run.progress.unwrap_or_default();
+                if tx
+                    .send(Ok(pb::RunEvent { at: at(), event: Some(pb::run_event::Event::Progress(progress)) }))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+                if run.status != pb::RunStatus::Running as i32 {
+                    let _ = tx
+                        .send(Ok(pb::RunEvent { at: at(), event: Some(pb::run_event::Event::Status(run.status)) }))
+                        .await;
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        });
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
+    }
+}
+
+/// Serves the rollout-orchestrator on `listener` until `shutdown` resolves,
+/// resuming the runs it was driving before.
 pub async fn run(
     config: Config,
     listener: TcpListener,
@@ -72,7 +244,17 @@ pub async fn run(
 ) -> Result<(), Error> {
     let database = Database::open(&config.database.database_url)?;
     let redis = RedisStore::open(&config.redis.redis_url)?;
-    let service = GrpcService::new(RolloutOrchestratorServer::new(Handlers))
+    let token = config.serve.bearer_token()?;
+    let state = state::State::open(database.clone()).await?;
+    let workers = workers::Workers::new(&config.agent_workers, token.as_ref())?;
+    let runner = Runner { state: state.clone(), redis: redis.clone(), workers, live: Arc::new(Mutex::default()) };
+    for run in state.unfinished().await? {
+        if let Some(spec) = run.spec {
+            tracing::info!(run = %run.run_id, "resuming run");
+            runner.start(run.run_id, spec);
+        }
+    }
+    let service = GrpcService::new(RolloutOrchestratorServer::new(Handlers { runner }))
         .with_probe(database.probe())
         .with_probe(redis.probe());
     sleuth_kit::serve(service, &config.serve, listener, shutdown).await?;

@@ -1,0 +1,207 @@
+//! Run state in SQL (SQLite by default, PostgreSQL when configured; the same
+//! DDL serves both): runs with their specs and status, published groups, and
+//! per-episode summaries.
+
+use prost::Message;
+use sleuth_proto::rollout::v1::{Run, RunSpec, RunStatus};
+use sleuth_store::{Database, StoreError};
+use sqlx::Row;
+
+const SCHEMA: [&str; 3] = [
+    "CREATE TABLE IF NOT EXISTS runs (
+        run_id TEXT PRIMARY KEY,
+        spec TEXT NOT NULL,
+        status INTEGER NOT NULL,
+        detail TEXT NOT NULL,
+        created_unix BIGINT NOT NULL,
+        updated_unix BIGINT NOT NULL
+    )",
+    "CREATE TABLE IF NOT EXISTS run_groups (
+        run_id TEXT NOT NULL,
+        group_id TEXT NOT NULL,
+        stream_id TEXT NOT NULL,
+        reward_mean DOUBLE PRECISION NOT NULL,
+        policy_version BIGINT NOT NULL,
+        PRIMARY KEY (run_id, group_id)
+    )",
+    "CREATE TABLE IF NOT EXISTS run_episodes (
+        run_id TEXT NOT NULL,
+        episode_id TEXT NOT NULL,
+        group_id TEXT NOT NULL,
+        task_id TEXT NOT NULL,
+        outcome INTEGER NOT NULL,
+        reward DOUBLE PRECISION NOT NULL,
+        ndcg DOUBLE PRECISION NOT NULL,
+        turns BIGINT NOT NULL,
+        tokens BIGINT NOT NULL,
+        policy_version BIGINT NOT NULL,
+        PRIMARY KEY (run_id, episode_id)
+    )",
+];
+
+fn now() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64)
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(text: &str) -> Vec<u8> {
+    (0..text.len() / 2).filter_map(|i| u8::from_str_radix(&text[2 * i..2 * i + 2], 16).ok()).collect()
+}
+
+#[derive(Clone)]
+pub struct State {
+    db: Database,
+}
+
+impl State {
+    pub async fn open(db: Database) -> Result<Self, StoreError> {
+        for ddl in SCHEMA {
+            sqlx::query(ddl).execute(db.pool()).await.map_err(|e| Self::failed(&db, e))?;
+        }
+        Ok(Self { db })
+    }
+
+    fn failed(db: &Database, source: sqlx::Error) -> StoreError {
+        StoreError::Sql { url: db.url().to_owned(), source }
+    }
+
+    fn error(&self, source: sqlx::Error) -> StoreError {
+        Self::failed(&self.db, source)
+    }
+
+    /// Inserts a new run; false when the id exists (idempotent create).
+    pub async fn create(&self, run_id: &str, spec: &RunSpec) -> Result<bool, StoreError> {
+        let result = sqlx::query(
+            "INSERT INTO runs (run_id, spec, status, detail, created_unix, updated_unix) VALUES ($1, $2, $3, '', $4, $4)
+             ON CONFLICT (run_id) DO NOTHING",
+        )
+        .bind(run_id)
+        .bind(hex(&spec.encode_to_vec()))
+        .bind(RunStatus::Running as i32)
+        .bind(now())
+        .execute(self.db.pool())
+        .await
+        .map_err(|e| self.error(e))?;
+        Ok(result.rows_affected() == 1)
+    }
+
+    pub async fn set_status(&self, run_id: &str, status: RunStatus, detail: &str) -> Result<(), StoreError> {
+        sqlx::query("UPDATE runs SET status = $1, detail = $2, updated_unix = $3 WHERE run_id = $4")
+            .bind(status as i32)
+            .bind(detail)
+            .bind(now())
+            .bind(run_id)
+            .execute(self.db.pool())
+            .await
+            .map_err(|e| self.error(e))?;
+        Ok(())
+    }
+
+    fn run_from(row: &sqlx::any::AnyRow) -> Result<Run, sqlx::Error> {
+        let spec: String = row.try_get("spec")?;
+        let created: i64 = row.try_get("created_unix")?;
+        let updated: i64 = row.try_get("updated_unix")?;
+        let run_id: String = row.try_get("run_id")?;
+        Ok(Run {
+            stream_key: sleuth_store::trajectories::stream_key(&run_id),
+            run_id,
+            spec: RunSpec::decode(unhex(&spec).as_slice()).ok(),
+            status: row.try_get::<i32, _>("status")?,
+            status_detail: row.try_get("detail")?,
+            created_at: Some(prost_types::Timestamp { seconds: created, nanos: 0 }),
+            updated_at: Some(prost_types::Timestamp { seconds: updated, nanos: 0 }),
+            progress: None,
+        })
+    }
+
+    pub async fn run(&self, run_id: &str) -> Result<Option<Run>, StoreError> {
+        let row = sqlx::query("SELECT * FROM runs WHERE run_id = $1")
+            .bind(run_id)
+            .fetch_optional(self.db.pool())
+            .await
+            .map_err(|e| self.error(e))?;
+        row.map(|r| Self::run_from(&r).map_err(|e| self.error(e))).transpose()
+    }
+
+    /// Runs, newest first, after `offset`.
+    pub async fn runs(&self, offset: i64, limit: i64) -> Result<Vec<Run>, StoreError> {
+        let rows = sqlx::query("SELECT * FROM runs ORDER BY created_unix DESC, run_id DESC LIMIT $1 OFFSET $2")
+            .bind(limit)
+            .bind(offset)
+            .fetch_all(self.db.pool())
+            .await
+            .map_err(|e| self.error(e))?;
+        rows.iter().map(|r| Self::run_from(r).map_err(|e| self.error(e))).collect()
+    }
+
+    /// Runs still running (to resume after a restart).
+    pub async fn unfinished(&self) -> Result<Vec<Run>, StoreError> {
+        let rows = sqlx::query("SELECT * FROM runs WHERE status = $1")
+            .bind(RunStatus::Running as i32)
+            .fetch_all(self.db.pool())
+            .await
+            .map_err(|e| self.error(e))?;
+        rows.iter().map(|r| Self::run_from(r).map_err(|e| self.error(e))).collect()
+    }
+
+    pub async fn record_group(
+        &self,
+        run_id: &str,
+        group_id: &str,
+        stream_id: &str,
+        reward_mean: f64,
+        version: u64,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO run_groups (run_id, group_id, stream_id, reward_mean, policy_version) VALUES ($1, $2, $3, $4, $5)
+             ON CONFLICT (run_id, group_id) DO NOTHING",
+        )
+        .bind(run_id)
+        .bind(group_id)
+        .bind(stream_id)
+        .bind(reward_mean)
+        .bind(version as i64)
+        .execute(self.db.pool())
+        .await
+        .map_err(|e| self.error(e))?;
+        Ok(())
+    }
+
+    pub async fn published_groups(&self, run_id: &str) -> Result<Vec<String>, StoreError> {
+        let rows = sqlx::query("SELECT group_id FROM run_groups WHERE run_id = $1")
+            .bind(run_id)
+            .fetch_all(self.db.pool())
+            .await
+            .map_err(|e| self.error(e))?;
+        rows.iter().map(|r| r.try_get::<String, _>("group_id").map_err(|e| self.error(e))).collect()
+    }
+
+    pub async fn record_episode(
+        &self,
+        run_id: &str,
+        group_id: &str,
+        summary: &sleuth_proto::rollout::v1::EpisodeSummary,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO run_episodes (run_id, episode_id, group_id, task_id, outcome, reward, ndcg, turns, tokens, policy_version)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) ON CONFLICT (run_id, episode_id) DO NOTHING",
+        )
+        .bind(run_id)
+        .bind(&summary.episode_id)
+        .bind(group_id)
+        .bind(&summary.task_id)
+        .bind(summary.outcome)
+        .bind(summary.reward)
+        .bind(summary.metrics.get("ndcg@10").copied().unwrap_or(0.0))
+        .bind(i64::from(summary.turns))
+        .bind(i64::from(summary.total_tokens))
+        .bind(summary.policy_version as i64)
+        .execute(self.db.pool())
+        .await
+        .map_err(|e| self.error(e))?;
+        Ok(())
+    }
+}
