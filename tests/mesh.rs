@@ -149,13 +149,13 @@ async fn mesh_is_healthy_reflective_authenticated_and_drains_on_sigterm() -> Res
     let mut member = learner::v1::learner_client::LearnerClient::new(channel(learner, Some(&token)).await?);
     let status = member.get_status(learner::v1::GetStatusRequest {}).await?.into_inner();
     assert_eq!((status.run_id.as_str(), status.step), ("mesh", 0));
-    // A service whose RPCs are not implemented yet answers Unimplemented past auth.
+    // The orchestrator answers past auth.
     let orchestrator = &mesh["rollout-orchestrator"];
     let mut member = rollout::v1::rollout_orchestrator_client::RolloutOrchestratorClient::new(
         channel(orchestrator, Some(&token)).await?,
     );
-    let error = member.evaluate(rollout::v1::EvaluateRequest::default()).await.unwrap_err();
-    assert_eq!(error.code(), Code::Unimplemented, "{error:?}");
+    let error = member.get_run(rollout::v1::GetRunRequest { run_id: "nope".into() }).await.unwrap_err();
+    assert_eq!(error.code(), Code::NotFound, "{error:?}");
 
     // Keep a connection open to every service while they shut down: idle
     // clients must not hold a pod past its drain deadline.

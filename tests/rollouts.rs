@@ -540,3 +540,91 @@ async fn runs_survive_a_dead_worker_and_an_orchestrator_restart() -> Result<()> 
     assert!(groups.iter().flat_map(|g| &g.episodes).all(|e| e.trace.is_some() && e.turns >= 1));
     Ok(())
 }
+
+/// The evaluation harness with the BM25 baseline on SciFact's test split
+/// gives the tool gateway's own BM25 figure: same rankings, same metric code.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bm25_baseline_evaluation_reproduces_the_tool_gateway_figure() -> Result<()> {
+    let Some(source) = sleuth_testkit::beir_collection("scifact")? else { return Ok(()) };
+    let scratch = tempfile::tempdir()?;
+    let index = scratch.path().join("scifact-index");
+    let beir = sleuth_beir::BeirDir::new(&source);
+    let bm25 = tool_gateway::bm25::Bm25Options::default();
+    tool_gateway::index::build(&beir, &index, "scifact", &bm25, sleuth_beir::BadLines::Fail, None, &mut |_| {})?;
+
+    // The tool gateway's figure, computed the way its `evaluate` command does.
+    let collection = tool_gateway::collection::Collection::open(&index, index.display().to_string())?;
+    let qrels = beir.qrels("test")?;
+    let mut rankings = std::collections::BTreeMap::new();
+    for query in beir.queries(sleuth_beir::BadLines::Fail)?.iter().filter(|q| qrels.contains_key(&q.id)) {
+        let hits = collection.bm25(&query.text, 100)?;
+        rankings.insert(
+            query.id.clone(),
+            hits.iter().map(|h| collection.document(h.ordinal).id.clone()).collect::<Vec<_>>(),
+        );
+    }
+    let expected = sleuth_metrics::evaluate(&rankings, &qrels).ndcg_at_10;
+
+    let redis = sleuth_testkit::redis()?;
+    let tools = ServiceProcess::start(
+        "tool-gateway",
+        &[
+            ("SLEUTH_COLLECTIONS", format!("scifact={}", index.display())),
+            ("SLEUTH_INDEX_ROOT", index.display().to_string()),
+        ],
+    )?;
+    sleuth_testkit::service::wait_serving(&tools.addr, "sleuth.tools.v1.ToolGateway").await?;
+    let reports = scratch.path().join("reports");
+    let orchestrator = ServiceProcess::start(
+        "rollout-orchestrator",
+        &[
+            ("SLEUTH_REDIS_URL", sleuth_testkit::redis_url(&redis)),
+            ("SLEUTH_DATABASE_URL", format!("sqlite://{}", scratch.path().join("runs.db").display())),
+            ("SLEUTH_TOOL_GATEWAY", tools.addr.clone()),
+            ("SLEUTH_REPORT_DIR", reports.display().to_string()),
+        ],
+    )?;
+    sleuth_testkit::service::wait_serving(&orchestrator.addr, "sleuth.rollout.v1.RolloutOrchestrator").await?;
+    let mut client = OrchestratorClient::new(connect(&orchestrator.addr, None, Duration::from_secs(5)).await?);
+    let tasks = rollout::TaskSet {
+        source_uri: source.display().to_string(),
+        collection: "scifact".into(),
+        split: "test".into(),
+        limit: 0,
+    };
+    let bad = rollout::EvaluateRequest {
+        policy: Some(rollout::PolicySpec { model_uri: "baseline:bm42".into() }),
+        tasks: Some(tasks.clone()),
+        ..Default::default()
+    };
+    let status = client.evaluate(bad).await.unwrap_err();
+    assert!(status.message().contains("baseline:bm42"), "{status:?}");
+
+    let request = rollout::EvaluateRequest {
+        policy: Some(rollout::PolicySpec { model_uri: "baseline:bm25".into() }),
+        tasks: Some(tasks),
+        samples_per_task: 1,
+        ..Default::default()
+    };
+    let started = client.evaluate(request).await?.into_inner();
+    assert_eq!(started.tasks_total, 300);
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let done = loop {
+        let job = client
+            .get_evaluation(rollout::GetEvaluationRequest { evaluation_id: started.evaluation_id.clone() })
+            .await?
+            .into_inner();
+        if job.status != rollout::RunStatus::Running as i32 {
+            break job;
+        }
+        anyhow::ensure!(std::time::Instant::now() < deadline, "evaluation still running: {job:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(done.status, rollout::RunStatus::Succeeded as i32, "{}", done.status_detail);
+    let ndcg = done.metrics["ndcg@10"];
+    assert!((ndcg - expected).abs() < 1e-12, "harness {ndcg} vs tool gateway {expected}");
+    assert!((ndcg - 0.6804).abs() < 5e-5, "the documented SciFact BM25 figure: {ndcg}");
+    assert!(reports.join(format!("{}.run", started.evaluation_id)).is_file());
+    assert!(reports.join(format!("{}.json", started.evaluation_id)).is_file());
+    Ok(())
+}

@@ -2,6 +2,8 @@
 
 mod ask;
 mod health;
+mod run_spec;
+mod runs;
 mod search;
 
 use clap::{Parser, Subcommand};
@@ -21,18 +23,24 @@ enum Command {
     Search(search::SearchArgs),
     /// Ask the policy server a question, rendered with the model's chat template.
     Ask(ask::AskArgs),
+    /// Create, follow, cancel and list training runs (rollout orchestrator).
+    Run(runs::RunArgs),
+    /// Evaluate the policy or a retrieval baseline on a task split.
+    Eval(runs::EvalArgs),
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let healthy = match cli.command {
-        Command::Health(args) => health::run(args).await?,
-        Command::Search(args) => search::run(args).await.map(|()| true)?,
-        Command::Ask(args) => ask::run(args).await.map(|()| true)?,
+    let code = match cli.command {
+        Command::Health(args) => i32::from(!health::run(args).await?),
+        Command::Search(args) => search::run(args).await.map(|()| 0)?,
+        Command::Ask(args) => ask::run(args).await.map(|()| 0)?,
+        Command::Run(args) => runs::run(args).await?,
+        Command::Eval(args) => runs::eval(args).await?,
     };
-    if !healthy {
-        std::process::exit(1);
+    if code != 0 {
+        std::process::exit(code);
     }
     Ok(())
 }

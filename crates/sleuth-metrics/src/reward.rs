@@ -109,9 +109,9 @@ mod tests {
     fn completed_episodes_score_their_ndcg() {
         let scored = NdcgReward::default().score(&task(), &episode(EpisodeOutcome::Completed, &["b", "a"]));
         assert!((scored.reward - 1.0).abs() < 1e-12);
-        // a then b: (1 + 3/log2(3)) / (3 + 1/log2(3))
+        // a then b, trec_eval's linear gains: (1 + 2/log2(3)) / (2 + 1/log2(3))
         let scored = NdcgReward::default().score(&task(), &episode(EpisodeOutcome::Completed, &["a", "b"]));
-        let expected = (1.0 + 3.0 / 3f64.log2()) / (3.0 + 1.0 / 3f64.log2());
+        let expected = (1.0 + 2.0 / 3f64.log2()) / (2.0 + 1.0 / 3f64.log2());
         assert!((scored.reward - expected).abs() < 1e-12);
         assert_eq!(scored.metrics["ndcg@10"], scored.reward);
     }

@@ -6,10 +6,10 @@
 //! - [`tasks`]: task sets from BEIR collections;
 //! - [`workers`]: the agent workers and episode failover;
 //! - [`runs`]: driving a run (concurrency, staleness gate, exactly-once publication);
-//! - [`state`]: runs, groups and episodes in SQL.
-//!
-//! Not yet here: `Evaluate` / `GetEvaluation` (answer `Unimplemented`).
+//! - [`state`]: runs, groups and episodes in SQL;
+//! - [`evaluate`]: evaluation jobs (a policy or a retrieval baseline).
 
+pub mod evaluate;
 pub mod runs;
 pub mod state;
 pub mod tasks;
@@ -50,6 +50,14 @@ pub struct Config {
     /// Agent workers (host:port), comma separated.
     #[arg(long, env = "SLEUTH_AGENT_WORKERS", value_delimiter = ',', default_value = "127.0.0.1:50052")]
     pub agent_workers: Vec<String>,
+
+    /// Tool gateway for evaluation baselines (host:port); unset = no baselines.
+    #[arg(long, env = "SLEUTH_TOOL_GATEWAY")]
+    pub tool_gateway: Option<String>,
+
+    /// Where evaluation jobs write their TREC run files and JSON reports.
+    #[arg(long, env = "SLEUTH_REPORT_DIR", default_value = "evaluations")]
+    pub report_dir: std::path::PathBuf,
 
     #[command(flatten)]
     pub serve: ServeArgs,
@@ -102,6 +110,7 @@ pub fn validate(spec: &pb::RunSpec) -> Result<(), String> {
 #[derive(Clone)]
 pub struct Handlers {
     runner: Runner,
+    evaluator: evaluate::Evaluator,
 }
 
 fn internal(error: impl std::fmt::Display) -> Status {
@@ -183,6 +192,20 @@ impl RolloutOrchestrator for Handlers {
         Ok(Response::new(self.load(&request.run_id).await?))
     }
 
+    async fn evaluate(&self, request: Request<pb::EvaluateRequest>) -> Result<Response<pb::Evaluation>, Status> {
+        Ok(Response::new(self.evaluator.start(request.into_inner()).map_err(Status::invalid_argument)?))
+    }
+
+    async fn get_evaluation(
+        &self,
+        request: Request<pb::GetEvaluationRequest>,
+    ) -> Result<Response<pb::Evaluation>, Status> {
+        let id = request.into_inner().evaluation_id;
+        self.evaluator.get(&id).map(Response::new).ok_or_else(|| {
+            Status::not_found(format!("no evaluation {id:?} (jobs are kept until the orchestrator restarts)"))
+        })
+    }
+
     async fn watch_run(
         &self,
         request: Request<pb::WatchRunRequest>,
@@ -247,14 +270,31 @@ pub async fn run(
     let token = config.serve.bearer_token()?;
     let state = state::State::open(database.clone()).await?;
     let workers = workers::Workers::new(&config.agent_workers, token.as_ref())?;
-    let runner = Runner { state: state.clone(), redis: redis.clone(), workers, live: Arc::new(Mutex::default()) };
+    let tools = match &config.tool_gateway {
+        Some(address) => Some(sleuth_proto::tools::v1::tool_gateway_client::ToolGatewayClient::new(
+            sleuth_kit::client::connect_lazy(address, token.as_ref())?,
+        )),
+        None => None,
+    };
+    let evaluator = evaluate::Evaluator {
+        tools,
+        workers: workers.clone(),
+        report_dir: config.report_dir.clone(),
+        jobs: Arc::new(Mutex::default()),
+    };
+    let incarnation = format!(
+        "{:x}",
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis())
+    );
+    let runner =
+        Runner { state: state.clone(), redis: redis.clone(), workers, live: Arc::new(Mutex::default()), incarnation };
     for run in state.unfinished().await? {
         if let Some(spec) = run.spec {
             tracing::info!(run = %run.run_id, "resuming run");
             runner.start(run.run_id, spec);
         }
     }
-    let service = GrpcService::new(RolloutOrchestratorServer::new(Handlers { runner }))
+    let service = GrpcService::new(RolloutOrchestratorServer::new(Handlers { runner, evaluator }))
         .with_probe(database.probe())
         .with_probe(redis.probe());
     sleuth_kit::serve(service, &config.serve, listener, shutdown).await?;

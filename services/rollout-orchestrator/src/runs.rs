@@ -11,7 +11,8 @@
 //!   (`publish_once`) and recorded in SQL; a restarted orchestrator skips
 //!   groups either place knows, and reruns only unpublished ones.
 //! - Faults: an episode whose worker dies is rerun on another worker, with a
-//!   fresh episode id (and trace).
+//!   fresh episode id (and trace); ids also carry the orchestrator's
+//!   incarnation, so reruns after a restart never collide with old traces.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -49,6 +50,10 @@ pub struct Runner {
     pub redis: RedisStore,
     pub workers: Workers,
     pub live: Arc<Mutex<BTreeMap<String, Live>>>,
+    /// Distinguishes this orchestrator process in episode ids: after a
+    /// restart, a rerun episode must not reuse the trace of one that was
+    /// still running when the previous process died.
+    pub incarnation: String,
 }
 
 impl Runner {
@@ -271,7 +276,7 @@ impl Runner {
         let started = std::time::Instant::now();
         let mut round = 0usize;
         loop {
-            let attempt = |i: usize| format!("{run_id}-{group_id}-{sample}-{}", round * 16 + i);
+            let attempt = |i: usize| format!("{run_id}-{group_id}-{sample}-{}-{}", self.incarnation, round * 16 + i);
             match self.workers.run_episode(request.clone(), attempt).await {
                 Ok(response) => return response.episode.ok_or_else(|| "agent returned no episode".to_owned()),
                 Err(Failure::Rejected(why)) => return Err(format!("agent rejected the episode: {why}")),

@@ -1,0 +1,268 @@
+//! Evaluation jobs: the same harness for every contender (a policy through
+//! the agent workers, or a named retrieval baseline through the tool
+//! gateway), scored with the same metric code as training rewards, so the
+//! model is the only variable.
+//!
+//! Baselines are named in `policy.model_uri`: `baseline:bm25`,
+//! `baseline:vector`, `baseline:hybrid` (plain search on the question).
+//! Each job writes `<report_dir>/<id>.run` (TREC run file of each task's
+//! first sample) and `<report_dir>/<id>.json` (the metrics).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use futures::StreamExt;
+use sleuth_kit::client::MeshChannel;
+use sleuth_metrics::reward::{NdcgReward, Reward, outcome_name};
+use sleuth_proto::agent::v1::RunEpisodeRequest;
+use sleuth_proto::common::v1::{Episode, EpisodeOutcome, Task};
+use sleuth_proto::rollout::v1::{EvaluateRequest, Evaluation, RunStatus};
+use sleuth_proto::tools::v1::tool_gateway_client::ToolGatewayClient;
+use sleuth_proto::tools::v1::{SearchMethod, SearchRequest};
+
+use crate::workers::{Failure, Workers};
+
+/// Tasks evaluated at once.
+const PARALLEL_TASKS: usize = 8;
+/// Ranking depth of baselines (recall needs more than the 10 nDCG scores).
+const BASELINE_DEPTH: u32 = 100;
+
+/// What is being evaluated.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Contender {
+    Baseline(SearchMethod),
+    /// The policy the policy servers currently serve, through the agent workers.
+    Policy,
+}
+
+impl Contender {
+    pub fn parse(model_uri: &str) -> Result<Self, String> {
+        match model_uri {
+            "" => Ok(Self::Policy),
+            "baseline:bm25" => Ok(Self::Baseline(SearchMethod::Bm25)),
+            "baseline:vector" => Ok(Self::Baseline(SearchMethod::Vector)),
+            "baseline:hybrid" => Ok(Self::Baseline(SearchMethod::Hybrid)),
+            other if other.starts_with("baseline:") => Err(format!(
+                "policy.model_uri {other:?}: baselines are baseline:bm25, baseline:vector, baseline:hybrid"
+            )),
+            other => Err(format!(
+                "policy.model_uri {other:?}: evaluating a model directory needs policy servers serving it; \
+                 load it there (UpdateWeights) and leave model_uri empty"
+            )),
+        }
+    }
+}
+
+/// One task's samples: rankings (best first, with scores) and outcomes.
+struct Scored {
+    task_id: String,
+    ndcg: Vec<f64>,
+    reward: Vec<f64>,
+    outcomes: Vec<EpisodeOutcome>,
+    turns: Vec<u32>,
+    tokens: Vec<u32>,
+    first_ranking: Vec<(String, f64)>,
+}
+
+#[derive(Clone)]
+pub struct Evaluator {
+    pub tools: Option<ToolGatewayClient<MeshChannel>>,
+    pub workers: Workers,
+    pub report_dir: PathBuf,
+    pub jobs: Arc<Mutex<BTreeMap<String, Evaluation>>>,
+}
+
+impl Evaluator {
+    pub fn get(&self, id: &str) -> Option<Evaluation> {
+        self.jobs.lock().expect("jobs").get(id).cloned()
+    }
+
+    /// Validates and starts a job; returns its first state.
+    pub fn start(&self, request: EvaluateRequest) -> Result<Evaluation, String> {
+        let contender = Contender::parse(&request.policy.as_ref().map(|p| p.model_uri.clone()).unwrap_or_default())?;
+        let set = request.tasks.clone().ok_or("tasks is required")?;
+        let tasks = crate::tasks::load(&set, "tasks")?;
+        let reward = NdcgReward::with_penalties(
+            &request.reward.as_ref().map(|r| r.outcome_penalties.clone().into_iter().collect()).unwrap_or_default(),
+        )
+        .map_err(|e| format!("reward.{e}"))?;
+        if matches!(contender, Contender::Baseline(_)) && self.tools.is_none() {
+            return Err("baselines need the orchestrator's tool_gateway address (SLEUTH_TOOL_GATEWAY)".into());
+        }
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+        let id = format!("eval-{nanos:x}");
+        let evaluation = Evaluation {
+            evaluation_id: id.clone(),
+            status: RunStatus::Running as i32,
+            tasks_total: tasks.len() as u64,
+            ..Default::default()
+        };
+        self.jobs.lock().expect("jobs").insert(id.clone(), evaluation.clone());
+        let evaluator = self.clone();
+        tokio::spawn(async move {
+            let result = evaluator.run(&id, contender, tasks, &request, &reward).await;
+            let mut jobs = evaluator.jobs.lock().expect("jobs");
+            if let Some(job) = jobs.get_mut(&id) {
+                match result {
+                    Ok(metrics) => {
+                        job.metrics = metrics;
+                        job.status = RunStatus::Succeeded as i32;
+                    }
+                    Err(error) => {
+                        tracing::error!(evaluation = %id, %error, "evaluation failed");
+                        job.status = RunStatus::Failed as i32;
+                        job.status_detail = error;
+                    }
+                }
+            }
+        });
+        Ok(evaluation)
+    }
+
+    async fn run(
+        &self,
+        id: &str,
+        contender: Contender,
+        tasks: Vec<Task>,
+        request: &EvaluateRequest,
+        reward: &NdcgReward,
+    ) -> Result<std::collections::HashMap<String, f64>, String> {
+        let samples = request.samples_per_task.max(1);
+        let scored: Vec<Result<Scored, String>> = futures::stream::iter(tasks)
+            .map(|task| {
+                let (this, id, request, reward) = (self.clone(), id.to_owned(), request.clone(), reward.clone());
+                async move {
+                    let scored = match contender {
+                        Contender::Baseline(method) => this.baseline(&task, method).await,
+                        Contender::Policy => this.policy(&id, &task, samples, &request, &reward).await,
+                    };
+                    if let Some(job) = this.jobs.lock().expect("jobs").get_mut(&id) {
+                        job.tasks_done += 1;
+                    }
+                    scored
+                }
+            })
+            .buffer_unordered(PARALLEL_TASKS)
+            .collect()
+            .await;
+        let scored = scored.into_iter().collect::<Result<Vec<_>, String>>()?;
+        let metrics = summarise(&scored, samples as usize);
+        self.write_reports(id, &scored, &metrics)
+            .map_err(|e| format!("writing the report to {}: {e}", self.report_dir.display()))?;
+        Ok(metrics.into_iter().collect())
+    }
+
+    async fn baseline(&self, task: &Task, method: SearchMethod) -> Result<Scored, String> {
+        let mut tools = self.tools.clone().ok_or("no tool gateway")?;
+        let request = SearchRequest {
+            collection: task.collection.clone(),
+            query: task.question.clone(),
+            k: BASELINE_DEPTH,
+            method: method as i32,
+        };
+        let hits = tools
+            .search(request)
+            .await
+            .map_err(|s| format!("search for task {}: {}", task.task_id, s.message()))?
+            .into_inner()
+            .hits;
+        let ranking: Vec<String> = hits.iter().map(|h| h.doc_id.clone()).collect();
+        let episode = Episode { outcome: EpisodeOutcome::Completed as i32, ranking, ..Default::default() };
+        let score = NdcgReward::default().score(task, &episode);
+        Ok(Scored {
+            task_id: task.task_id.clone(),
+            ndcg: vec![score.metrics["ndcg@10"]],
+            reward: vec![score.reward],
+            outcomes: vec![EpisodeOutcome::Completed],
+            turns: vec![0],
+            tokens: vec![0],
+            first_ranking: hits.into_iter().map(|h| (h.doc_id, f64::from(h.score))).collect(),
+        })
+    }
+
+    async fn policy(
+        &self,
+        id: &str,
+        task: &Task,
+        samples: u32,
+        request: &EvaluateRequest,
+        reward: &NdcgReward,
+    ) -> Result<Scored, String> {
+        let mut scored = Scored {
+            task_id: task.task_id.clone(),
+            ndcg: Vec::new(),
+            reward: Vec::new(),
+            outcomes: Vec::new(),
+            turns: Vec::new(),
+            tokens: Vec::new(),
+            first_ranking: Vec::new(),
+        };
+        for sample in 0..samples {
+            let episode_request = RunEpisodeRequest {
+                run_id: id.to_owned(),
+                episode_id: String::new(),
+                sample_index: sample,
+                task: Some(task.clone()),
+                config: request.agent.clone(),
+            };
+            let attempt = |i: usize| format!("{id}-{}-{sample}-{i}", task.task_id);
+            let episode = match self.workers.run_episode(episode_request, attempt).await {
+                Ok(response) => response.episode.unwrap_or_default(),
+                Err(Failure::Rejected(why)) => return Err(format!("agent rejected task {}: {why}", task.task_id)),
+                // No worker: the episode failed; it counts 0 like any failure.
+                Err(Failure::NoWorker(why)) => {
+                    Episode { outcome: EpisodeOutcome::ModelError as i32, outcome_detail: why, ..Default::default() }
+                }
+            };
+            let score = reward.score(task, &episode);
+            scored.ndcg.push(score.metrics["ndcg@10"]);
+            scored.reward.push(score.reward);
+            scored.outcomes.push(episode.outcome());
+            scored.turns.push(episode.turns);
+            scored.tokens.push(episode.total_tokens);
+            if sample == 0 {
+                let n = episode.ranking.len() as f64;
+                scored.first_ranking =
+                    episode.ranking.iter().enumerate().map(|(rank, doc)| (doc.clone(), n - rank as f64)).collect();
+            }
+        }
+        Ok(scored)
+    }
+
+    fn write_reports(&self, id: &str, scored: &[Scored], metrics: &BTreeMap<String, f64>) -> std::io::Result<()> {
+        std::fs::create_dir_all(&self.report_dir)?;
+        let rankings: BTreeMap<String, sleuth_metrics::run::ScoredRanking> =
+            scored.iter().map(|s| (s.task_id.clone(), s.first_ranking.clone())).collect();
+        let mut run = std::io::BufWriter::new(std::fs::File::create(self.report_dir.join(format!("{id}.run")))?);
+        sleuth_metrics::run::write_run(&mut run, &rankings, id)?;
+        let report = serde_json::json!({"evaluation_id": id, "tasks": scored.len(), "metrics": metrics});
+        std::fs::write(self.report_dir.join(format!("{id}.json")), serde_json::to_vec_pretty(&report)?)
+    }
+}
+
+/// The job's metrics: nDCG@10 (failed samples count 0), mean reward,
+/// pass@k (a task passes when any of its k samples has nDCG@10 > 0), mean
+/// turns and tokens, and the share of samples per outcome.
+fn summarise(scored: &[Scored], k: usize) -> BTreeMap<String, f64> {
+    let tasks = scored.len().max(1) as f64;
+    let samples: f64 = scored.iter().map(|s| s.ndcg.len() as f64).sum::<f64>().max(1.0);
+    let mean = |f: &dyn Fn(&Scored) -> f64| scored.iter().map(f).sum::<f64>() / tasks;
+    let avg = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
+    let mut metrics = BTreeMap::new();
+    metrics.insert("ndcg@10".to_owned(), mean(&|s| avg(&s.ndcg)));
+    metrics.insert("reward".to_owned(), mean(&|s| avg(&s.reward)));
+    metrics.insert(format!("pass@{k}"), mean(&|s| f64::from(u8::from(s.ndcg.iter().any(|&n| n > 0.0)))));
+    metrics
+        .insert("turns".to_owned(), scored.iter().flat_map(|s| &s.turns).map(|&t| f64::from(t)).sum::<f64>() / samples);
+    metrics.insert(
+        "tokens".to_owned(),
+        scored.iter().flat_map(|s| &s.tokens).map(|&t| f64::from(t)).sum::<f64>() / samples,
+    );
+    for outcome in scored.iter().flat_map(|s| &s.outcomes) {
+        if *outcome != EpisodeOutcome::Completed {
+            *metrics.entry(format!("failure_rate:{}", outcome_name(*outcome))).or_insert(0.0) += 1.0 / samples;
+        }
+    }
+    metrics
+}
