@@ -48,6 +48,8 @@ bench: setup
 	cargo bench -p policy-server --bench generation
 	cargo bench -p inference-gateway --bench overhead
 	cargo bench -p learner --bench grpo_step
+	cargo build --release --workspace --bins
+	cargo bench -p sleuth-tests --bench rollout_throughput
 
 # Code generation runs in crates/sleuth-proto/build.rs; this only forces it.
 proto: setup

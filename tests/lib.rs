@@ -1,6 +1,8 @@
 //! Support for cross-service tests: start the real service binaries as a
 //! user would, on ephemeral loopback ports, and stop them with signals.
 
+pub mod fixture;
+
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};

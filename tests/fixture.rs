@@ -1,0 +1,325 @@
+//! Support for rollout tests and benchmarks: a small BEIR collection, tiny
+//! policies imprinted to always search or always submit, and a mesh of real
+//! service processes (tool gateway, policy server, inference gateway, agent
+//! workers, orchestrator) around them.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use sleuth_kit::client::{MeshChannel, connect};
+use sleuth_proto::agent::v1::agent_client::AgentClient;
+use sleuth_proto::agent::v1::{AgentConfig, RunEpisodeRequest};
+use sleuth_proto::common::v1::{AgentBudget, Episode, SamplingParams, Task};
+use sleuth_proto::rollout::v1 as rollout;
+use sleuth_proto::rollout::v1::rollout_orchestrator_client::RolloutOrchestratorClient as OrchestratorClient;
+
+use crate::ServiceProcess;
+
+pub const SEARCH: &str = r#"<tool_call>[{"name": "bm25_search", "arguments": {"query": "rain clouds"}}]</tool_call>"#;
+pub const SUBMIT: &str =
+    r#"<tool_call>[{"name": "submit_ranking", "arguments": {"doc_ids": ["rain", "fog"]}}]</tool_call>"#;
+
+/// A five-document BEIR collection, indexed for BM25.
+pub fn weather(dir: &Path) -> Result<PathBuf> {
+    let source = dir.join("weather");
+    std::fs::create_dir_all(source.join("qrels"))?;
+    std::fs::write(
+        source.join("corpus.jsonl"),
+        [
+            r#"{"_id": "rain", "title": "Rainfall", "text": "Rain forms when water droplets in clouds grow heavy enough to fall."}"#,
+            r#"{"_id": "snow", "title": "Snow", "text": "Snowflakes are ice crystals that form in cold clouds."}"#,
+            r#"{"_id": "wind", "title": "Wind", "text": "Wind is air moving from high pressure to low pressure."}"#,
+            r#"{"_id": "fog", "title": "Fog", "text": "Fog is a cloud at ground level, made of tiny water droplets."}"#,
+            r#"{"_id": "hail", "title": "Hail", "text": "Hailstones grow in thunderstorm updrafts."}"#,
+        ]
+        .join("\n"),
+    )?;
+    let questions = [
+        ("q1", "why does it rain", "rain"),
+        ("q2", "what are snowflakes", "snow"),
+        ("q3", "what makes wind blow", "wind"),
+        ("q4", "what is fog made of", "fog"),
+        ("q5", "how do hailstones grow", "hail"),
+        ("q6", "what falls from clouds", "rain"),
+    ];
+    let queries: Vec<String> =
+        questions.iter().map(|(id, text, _)| format!(r#"{{"_id": "{id}", "text": "{text}"}}"#)).collect();
+    std::fs::write(source.join("queries.jsonl"), queries.join("\n"))?;
+    let mut qrels = String::from("query-id\tcorpus-id\tscore\nq1\tfog\t1\n");
+    for (id, _, doc) in questions {
+        qrels.push_str(&format!("{id}\t{doc}\t2\n"));
+    }
+    std::fs::write(source.join("qrels/test.tsv"), qrels)?;
+    let index = dir.join("weather-index");
+    #[derive(clap::Parser)]
+    struct Index {
+        #[command(flatten)]
+        args: tool_gateway::offline::IndexArgs,
+    }
+    let index_cli = <Index as clap::Parser>::try_parse_from([
+        "index".as_ref(),
+        "--source".as_ref(),
+        source.as_os_str(),
+        "--out".as_ref(),
+        index.as_os_str(),
+        "--name".as_ref(),
+        "weather".as_ref(),
+    ])?;
+    tool_gateway::offline::index(index_cli.args)?;
+    Ok(index)
+}
+
+pub fn smollm2() -> Option<PathBuf> {
+    let dir = sleuth_testkit::cache_dir().ok()?.join("models/smollm2-135m-instruct");
+    dir.join("tokenizer.json").is_file().then_some(dir).or_else(|| {
+        eprintln!("SKIP: SmolLM2 not imported; run `make setup`");
+        None
+    })
+}
+
+/// The tools the agent offers on the weather collection, as the template sees them.
+pub async fn agent_tools(tools: &ServiceProcess) -> Result<Vec<serde_json::Value>> {
+    use sleuth_proto::tools::v1::{ListToolsRequest, tool_gateway_client::ToolGatewayClient};
+    sleuth_testkit::service::wait_serving(&tools.addr, "sleuth.tools.v1.ToolGateway").await?;
+    let mut client = ToolGatewayClient::new(connect(&tools.addr, None, Duration::from_secs(5)).await?);
+    let listed = client.list_tools(ListToolsRequest { collection: "weather".into() }).await?.into_inner();
+    let mut specs = listed.tools;
+    specs.push(agent::prompt::submit_tool());
+    specs
+        .iter()
+        .map(|t| {
+            let parameters: serde_json::Value = serde_json::from_str(&t.parameters_json)?;
+            Ok(serde_json::json!({"type": "function", "function": {"name": t.name, "description": t.description, "parameters": parameters}}))
+        })
+        .collect()
+}
+
+/// A policy imprinted with `reply` for the agent's prompt and `tools`, cached
+/// in the sleuth cache: imprinting takes a while on two cores and the result
+/// depends only on its inputs.
+pub fn imprinted(smollm2: &Path, reply: &str, tools: &[serde_json::Value]) -> Result<PathBuf> {
+    let mut hash = 0xcbf2_9ce4_8422_2325u64;
+    let key = format!("{reply}\n{}\n{}", agent::prompt::SYSTEM_PROMPT, serde_json::Value::from(tools.to_vec()));
+    for byte in key.bytes() {
+        hash = (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
+    }
+    let dir = sleuth_testkit::cache_dir()?.join(format!("test-models/imprint-v9-{hash:016x}"));
+    if !dir.join("model.safetensors").is_file() {
+        let partial = dir.with_extension("partial");
+        let _ = std::fs::remove_dir_all(&partial);
+        let spec = learner::imprint::Imprint { reply, system: agent::prompt::SYSTEM_PROMPT, tools, max_steps: 400 };
+        learner::imprint::imprint(smollm2, &partial, &spec).map_err(anyhow::Error::msg)?;
+        std::fs::rename(&partial, &dir)?;
+    }
+    Ok(dir)
+}
+
+/// One policy behind an inference gateway, the tool gateway, and agent workers.
+pub struct Mesh {
+    pub tools: ServiceProcess,
+    pub policy: ServiceProcess,
+    _gateway: ServiceProcess,
+    pub agents: Vec<ServiceProcess>,
+    pub redis_url: String,
+    _redis: sleuth_testkit::TestServer,
+}
+
+impl Mesh {
+    pub fn start(model: &Path, index: &Path) -> Result<Self> {
+        Self::with_agents(model, index, 1)
+    }
+
+    pub fn with_agents(model: &Path, index: &Path, agents: usize) -> Result<Self> {
+        let redis = sleuth_testkit::redis()?;
+        let redis_url = sleuth_testkit::redis_url(&redis);
+        let tools = ServiceProcess::start(
+            "tool-gateway",
+            &[
+                ("SLEUTH_COLLECTIONS", format!("weather={}", index.display())),
+                ("SLEUTH_INDEX_ROOT", index.display().to_string()),
+            ],
+        )?;
+        let model = model.display().to_string();
+        let policy = ServiceProcess::start(
+            "policy-server",
+            &[("SLEUTH_MODEL", model.clone()), ("SLEUTH_DEVICE", "cpu".into())],
+        )?;
+        let gateway = ServiceProcess::start(
+            "inference-gateway",
+            &[
+                ("SLEUTH_MODEL", model),
+                ("SLEUTH_REDIS_URL", redis_url.clone()),
+                ("SLEUTH_POLICY_SERVERS", policy.addr.clone()),
+                ("SLEUTH_HTTP_LISTEN", "127.0.0.1:0".into()),
+            ],
+        )?;
+        let agents = (0..agents)
+            .map(|_| {
+                ServiceProcess::start(
+                    "agent",
+                    &[("SLEUTH_INFERENCE_GATEWAY", gateway.addr.clone()), ("SLEUTH_TOOL_GATEWAY", tools.addr.clone())],
+                )
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self { tools, policy, _gateway: gateway, agents, redis_url, _redis: redis })
+    }
+
+    pub async fn client(&self) -> Result<AgentClient<MeshChannel>> {
+        for agent in &self.agents {
+            sleuth_testkit::service::wait_serving(&agent.addr, "sleuth.agent.v1.Agent").await?;
+        }
+        Ok(AgentClient::new(connect(&self.agents[0].addr, None, Duration::from_secs(5)).await?))
+    }
+
+    /// An orchestrator over this mesh's agent workers, with its state in `database`.
+    pub async fn orchestrator(&self, database: &Path) -> Result<(ServiceProcess, OrchestratorClient<MeshChannel>)> {
+        let workers: Vec<String> = self.agents.iter().map(|a| a.addr.clone()).collect();
+        let process = ServiceProcess::start(
+            "rollout-orchestrator",
+            &[
+                ("SLEUTH_REDIS_URL", self.redis_url.clone()),
+                ("SLEUTH_DATABASE_URL", format!("sqlite://{}", database.display())),
+                ("SLEUTH_AGENT_WORKERS", workers.join(",")),
+            ],
+        )?;
+        sleuth_testkit::service::wait_serving(&process.addr, "sleuth.rollout.v1.RolloutOrchestrator").await?;
+        let client = OrchestratorClient::new(connect(&process.addr, None, Duration::from_secs(5)).await?);
+        Ok((process, client))
+    }
+}
+
+pub fn request(episode: &str, budget: AgentBudget) -> RunEpisodeRequest {
+    RunEpisodeRequest {
+        run_id: "test".into(),
+        episode_id: episode.into(),
+        sample_index: 0,
+        task: Some(Task {
+            task_id: "q1".into(),
+            question: "why does it rain".into(),
+            collection: "weather".into(),
+            qrels: [("rain".to_owned(), 2), ("fog".to_owned(), 1)].into(),
+        }),
+        config: Some(AgentConfig {
+            budget: Some(budget),
+            sampling: Some(SamplingParams { temperature: Some(0.0), ..Default::default() }),
+            ..Default::default()
+        }),
+    }
+}
+
+pub async fn run(agent: &mut AgentClient<MeshChannel>, episode: &str, budget: AgentBudget) -> Result<Episode> {
+    agent.run_episode(request(episode, budget)).await?.into_inner().episode.context("episode")
+}
+
+pub fn budget(max_turns: u32, per_turn: u32, episode: u32) -> AgentBudget {
+    AgentBudget { max_turns, max_new_tokens_per_turn: per_turn, max_episode_tokens: episode, observation_char_cap: 300 }
+}
+
+/// The imprinted policies and the indexed collection every rollout test uses.
+pub async fn policies(scratch: &Path) -> Result<Option<(PathBuf, PathBuf, PathBuf)>> {
+    let Some(smollm2) = smollm2() else { return Ok(None) };
+    let index = weather(scratch)?;
+    let tools_only = ServiceProcess::start(
+        "tool-gateway",
+        &[
+            ("SLEUTH_COLLECTIONS", format!("weather={}", index.display())),
+            ("SLEUTH_INDEX_ROOT", index.display().to_string()),
+        ],
+    )?;
+    let tools = agent_tools(&tools_only).await?;
+    drop(tools_only);
+    Ok(Some((index, imprinted(&smollm2, SEARCH, &tools)?, imprinted(&smollm2, SUBMIT, &tools)?)))
+}
+
+pub fn spec(
+    index: &Path,
+    group_size: u32,
+    batch: u32,
+    concurrency: u32,
+    staleness: u32,
+    max_turns: u32,
+) -> rollout::RunSpec {
+    let source = index.parent().map(|p| p.join("weather")).unwrap_or_default();
+    rollout::RunSpec {
+        name: "test".into(),
+        train: Some(rollout::TaskSet {
+            source_uri: source.display().to_string(),
+            collection: "weather".into(),
+            split: "test".into(),
+            limit: 0,
+        }),
+        agent: Some(AgentConfig {
+            budget: Some(budget(max_turns, 64, 8192)),
+            sampling: Some(SamplingParams { temperature: Some(0.0), ..Default::default() }),
+            ..Default::default()
+        }),
+        group_size,
+        global_batch_size: batch,
+        max_epochs: 1,
+        rollout_max_concurrency: concurrency,
+        max_staleness: staleness,
+        ..Default::default()
+    }
+}
+
+/// The groups in a run's stream, decoded.
+pub async fn stream_groups(redis_url: &str, run: &str) -> Result<Vec<sleuth_proto::common::v1::TrajectoryGroup>> {
+    use prost::Message;
+    let client = redis::Client::open(redis_url)?;
+    let mut connection = client.get_multiplexed_async_connection().await?;
+    let reply: redis::streams::StreamRangeReply =
+        redis::AsyncCommands::xrange_all(&mut connection, sleuth_store::trajectories::stream_key(run)).await?;
+    reply
+        .ids
+        .iter()
+        .map(|entry| {
+            let bytes: Vec<u8> = entry.get(sleuth_store::trajectories::GROUP_FIELD).context("group field")?;
+            Ok(sleuth_proto::common::v1::TrajectoryGroup::decode(bytes.as_slice())?)
+        })
+        .collect()
+}
+
+pub async fn in_flight(agents: &[ServiceProcess]) -> Result<i64> {
+    let mut total = 0;
+    for agent in agents {
+        let metrics = reqwest_metrics(&agent.addr).await?;
+        total += metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("sleuth_agent_episodes_in_flight "))
+            .and_then(|v| v.trim().parse::<i64>().ok())
+            .unwrap_or(0);
+    }
+    Ok(total)
+}
+
+/// GET /metrics over plain HTTP/1.1.
+pub async fn reqwest_metrics(addr: &str) -> Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text).await?;
+    Ok(text)
+}
+
+pub async fn wait_for(
+    client: &mut OrchestratorClient<MeshChannel>,
+    run: &str,
+    limit: Duration,
+    done: impl Fn(&rollout::Run) -> bool,
+) -> Result<rollout::Run> {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        let state = client.get_run(rollout::GetRunRequest { run_id: run.into() }).await?.into_inner();
+        if done(&state) {
+            return Ok(state);
+        }
+        anyhow::ensure!(std::time::Instant::now() < deadline, "run {run} not there after {limit:?}: {state:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+pub fn published(run: &rollout::Run) -> u64 {
+    run.progress.as_ref().map_or(0, |p| p.groups_published)
+}
