@@ -106,11 +106,22 @@ pub fn imprinted(smollm2: &Path, reply: &str, tools: &[serde_json::Value]) -> Re
     }
     let dir = sleuth_testkit::cache_dir()?.join(format!("test-models/imprint-v9-{hash:016x}"));
     if !dir.join("model.safetensors").is_file() {
-        let partial = dir.with_extension("partial");
-        let _ = std::fs::remove_dir_all(&partial);
+        // Tests run in parallel processes: one imprints while the others wait
+        // on the lock, then find the model there.
+        let parent = dir.parent().context("cache dir")?;
+        std::fs::create_dir_all(parent)?;
+        let lock = std::fs::File::create(dir.with_extension("lock"))?;
+        lock.lock()?;
+        if dir.join("model.safetensors").is_file() {
+            return Ok(dir);
+        }
+        let scratch = tempfile::Builder::new().prefix(".imprint-").tempdir_in(parent)?;
+        let partial = scratch.path().join("model");
         let spec = learner::imprint::Imprint { reply, system: agent::prompt::SYSTEM_PROMPT, tools, max_steps: 400 };
         learner::imprint::imprint(smollm2, &partial, &spec).map_err(anyhow::Error::msg)?;
-        std::fs::rename(&partial, &dir)?;
+        if std::fs::rename(&partial, &dir).is_err() && !dir.join("model.safetensors").is_file() {
+            anyhow::bail!("cannot move the imprinted model to {}", dir.display());
+        }
     }
     Ok(dir)
 }

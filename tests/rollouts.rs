@@ -18,19 +18,8 @@ use sleuth_tests::fixture::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn budgets_and_failures_end_episodes_with_the_right_outcome() -> Result<()> {
-    let Some(smollm2) = smollm2() else { return Ok(()) };
     let scratch = tempfile::tempdir()?;
-    let index = weather(scratch.path())?;
-    let tools_only = ServiceProcess::start(
-        "tool-gateway",
-        &[
-            ("SLEUTH_COLLECTIONS", format!("weather={}", index.display())),
-            ("SLEUTH_INDEX_ROOT", index.display().to_string()),
-        ],
-    )?;
-    let tools = agent_tools(&tools_only).await?;
-    drop(tools_only);
-    let (searcher, submitter) = (imprinted(&smollm2, SEARCH, &tools)?, imprinted(&smollm2, SUBMIT, &tools)?);
+    let Some((index, searcher, submitter)) = policies(scratch.path()).await? else { return Ok(()) };
 
     // A policy that submits at once: completed, with its ranking and trace.
     let mesh = Mesh::start(&submitter, &index)?;

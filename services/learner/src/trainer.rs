@@ -228,9 +228,10 @@ impl Trainer {
             loss.backward();
             accumulate_grads(&self.vars, &self.layout, &mut grads);
         }
+        // One gather for the statistics: the six sums add up over ranks, the
+        // ratio max (appended last) takes the largest.
         let mut reduced = sums.to_vec();
         reduced.push(ratio_max);
-        // ratio_max is reduced with the sums: take the max from the gathered values instead.
         let gathered = self.collective.all_gather(crate::collective::f64_bytes(&reduced))?;
         let mut totals_sum = [0f64; 6];
         let mut global_ratio_max = 0f64;
