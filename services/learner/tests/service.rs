@@ -264,3 +264,102 @@ async fn published_weights_change_the_policy_server() -> Result<()> {
     assert!(checkpoints.join("step-00000001/hf/config.json").is_file());
     Ok(())
 }
+
+/// Checkpoints to `s3://` (a real S3 API server), and the policy server
+/// loading the learner's merged export straight from there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkpoints_go_to_s3_and_the_policy_server_loads_them_from_there() -> Result<()> {
+    use sleuth_proto::common::v1::SamplingParams;
+    use sleuth_proto::policy::v1 as policy_pb;
+    use sleuth_proto::policy::v1::policy_server_client::PolicyServerClient;
+
+    let scratch = tempfile::tempdir()?;
+    let model = scratch.path().join("model");
+    tiny_model(&model)?;
+    let model = model.to_str().context("utf-8")?.to_owned();
+    let s3_server = sleuth_testkit::s3()?;
+    let endpoint = sleuth_testkit::s3_endpoint(&s3_server);
+    // SAFETY: nextest runs each test in its own process; nothing else reads the environment concurrently.
+    unsafe {
+        std::env::set_var("AWS_ACCESS_KEY_ID", "sleuth-test");
+        std::env::set_var("AWS_SECRET_ACCESS_KEY", "sleuth-test-secret");
+    }
+    let s3 = sleuth_store::S3Args { s3_endpoint: Some(endpoint.clone()), ..Default::default() };
+    if let sleuth_store::ObjectStore::S3 { client, .. } = sleuth_store::ObjectStore::open("s3://runs", &s3)? {
+        client.create_bucket().bucket("runs").send().await?;
+    }
+    let redis_server = sleuth_testkit::redis()?;
+    let redis_url = sleuth_testkit::redis_url(&redis_server);
+    let redis = RedisStore::open(&redis_url)?;
+    for i in 0..2 {
+        publish(&redis, "s3-run", &group(i, false).encode_to_vec()).await?;
+    }
+    let database = format!("sqlite://{}", scratch.path().join("runs.db").display());
+    let config = <learner::Config as clap::Parser>::try_parse_from([
+        "learner",
+        "--listen",
+        "127.0.0.1:0",
+        "--run-id",
+        "s3-run",
+        "--device",
+        "cpu",
+        "--model",
+        &model,
+        "--redis-url",
+        &redis_url,
+        "--database-url",
+        &database,
+        "--checkpoint-uri",
+        "s3://runs/s3-run",
+        "--s3-endpoint",
+        &endpoint,
+        "--global-batch-size",
+        "2",
+        "--max-steps",
+        "1",
+        "--learning-rate",
+        "0.05",
+    ])?;
+    let listener = tokio::net::TcpListener::bind(config.listen).await?;
+    tokio::time::timeout(Duration::from_secs(120), learner::run(config, listener, std::future::pending())).await??;
+    let store = sleuth_store::ObjectStore::open("s3://runs/s3-run", &s3)?;
+    let keys = store.list("").await?;
+    for key in [
+        "step-00000001/COMPLETE",
+        "step-00000001/meta.json",
+        "step-00000001/rank-0-of-1.safetensors",
+        "step-00000001/hf/model.safetensors",
+    ] {
+        assert!(keys.iter().any(|k| k == key), "{key} missing from {keys:?}");
+    }
+
+    let (policy_addr, _policy) = sleuth_testkit::start_service!(
+        policy_server,
+        ["policy-server", "--listen", "127.0.0.1:0", "--device", "cpu", "--model", &model, "--s3-endpoint", &endpoint]
+    );
+    sleuth_testkit::service::wait_serving(&policy_addr, "sleuth.policy.v1.PolicyServer").await?;
+    let mut policy =
+        PolicyServerClient::new(sleuth_kit::client::connect(&policy_addr, None, Duration::from_secs(5)).await?);
+    let greedy = policy_pb::GenerateRequest {
+        prompt_token_ids: vec![1, 2, 3, 4],
+        return_model_logprobs: true,
+        sampling: Some(SamplingParams { temperature: Some(0.0), max_new_tokens: 8, ..Default::default() }),
+        ..Default::default()
+    };
+    let before = policy.generate(greedy.clone()).await?.into_inner();
+    let header = |uri: &str| policy_pb::UpdateWeightsRequest {
+        part: Some(policy_pb::update_weights_request::Part::Header(policy_pb::WeightsHeader {
+            version: 1,
+            tensor_count: 0,
+            checkpoint_uri: uri.into(),
+        })),
+    };
+    let missing = policy.update_weights(tokio_stream::iter([header("s3://runs/nothing-here")])).await.unwrap_err();
+    assert!(missing.message().contains("s3://runs/nothing-here"), "{missing:?}");
+    let updated =
+        policy.update_weights(tokio_stream::iter([header("s3://runs/s3-run/step-00000001/hf")])).await?.into_inner();
+    assert_eq!(updated.version, 1);
+    let after = policy.generate(greedy).await?.into_inner();
+    assert_ne!(after.model_logprobs, before.model_logprobs, "the learner's step-1 weights are served");
+    Ok(())
+}

@@ -18,6 +18,25 @@ use crate::error::Error;
 
 pub struct Handlers {
     pub engine: Arc<OnceLock<Result<Engine, String>>>,
+    pub s3: sleuth_store::S3Args,
+}
+
+/// Copies the weight files of an `s3://` HF checkpoint (safetensors, the
+/// shard index, config) into `dir`, so it loads like a local one.
+async fn fetch_checkpoint(uri: &str, s3: &sleuth_store::S3Args, dir: &std::path::Path) -> Result<(), Error> {
+    let invalid = |message: String| Error::InvalidArgument(format!("checkpoint_uri {uri:?}: {message}"));
+    let store = sleuth_store::ObjectStore::open(uri, s3).map_err(|e| invalid(e.to_string()))?;
+    let keys = store.list("").await.map_err(|e| invalid(e.to_string()))?;
+    let files: Vec<&String> =
+        keys.iter().filter(|k| !k.contains('/') && (k.ends_with(".safetensors") || k.ends_with(".json"))).collect();
+    if !files.iter().any(|k| k.ends_with(".safetensors")) {
+        return Err(invalid("holds no .safetensors files".to_owned()));
+    }
+    for key in files {
+        let bytes = store.get(key).await.map_err(|e| invalid(e.to_string()))?;
+        tokio::fs::write(dir.join(key), bytes).await.map_err(|e| Error::Internal(format!("caching {key}: {e}")))?;
+    }
+    Ok(())
 }
 
 impl Handlers {
@@ -163,15 +182,18 @@ impl PolicyServer for Handlers {
         };
         let started = Instant::now();
         let mut bytes_received = 0u64;
+        // An s3:// checkpoint is fetched into a scratch directory that lives until the swap is done.
+        let mut fetched = None;
         let weights = if !header.checkpoint_uri.is_empty() {
             if header.checkpoint_uri.starts_with("s3://") {
-                return Err(Error::InvalidArgument(format!(
-                    "checkpoint_uri {:?}: only local directories are loaded by this version",
-                    header.checkpoint_uri
-                ))
-                .into());
+                let scratch = tempfile::tempdir().map_err(|e| Error::Internal(e.to_string()))?;
+                fetch_checkpoint(&header.checkpoint_uri, &self.s3, scratch.path()).await?;
+                let path = scratch.path().to_owned();
+                fetched = Some(scratch);
+                Weights::Checkpoint(path)
+            } else {
+                Weights::Checkpoint(header.checkpoint_uri.clone().into())
             }
-            Weights::Checkpoint(header.checkpoint_uri.clone().into())
         } else {
             // name -> (kind, element size, shape, bytes so far)
             let mut buffers: HashMap<String, (Kind, usize, Vec<i64>, Vec<u8>)> = HashMap::new();
@@ -223,6 +245,7 @@ impl PolicyServer for Handlers {
             Weights::Checkpoint(_) => 0,
         };
         let version = engine.update(header.version, weights).await?;
+        drop(fetched);
         Ok(Response::new(pb::UpdateWeightsResponse {
             version,
             tensors_updated,

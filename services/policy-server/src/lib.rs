@@ -70,6 +70,10 @@ pub struct Config {
     #[arg(long, env = "SLEUTH_PREFIX_CACHE_TOKENS", default_value_t = 65536)]
     pub prefix_cache_tokens: u32,
 
+    /// Where `s3://` checkpoints named in UpdateWeights are read from.
+    #[command(flatten)]
+    pub s3: sleuth_store::S3Args,
+
     #[command(flatten)]
     pub serve: ServeArgs,
 
@@ -129,7 +133,7 @@ pub async fn run(
         };
         async move { state }.boxed()
     });
-    let service = GrpcService::new(PolicyServerServer::new(handlers::Handlers { engine }))
+    let service = GrpcService::new(PolicyServerServer::new(handlers::Handlers { engine, s3: config.s3.clone() }))
         .with_probe(sleuth_torch::device_probe(device))
         .with_probe(probe);
     sleuth_kit::serve(service, &config.serve, listener, shutdown).await?;
