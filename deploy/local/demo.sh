@@ -51,7 +51,7 @@ pids+=($!)
 
 export SLEUTH_AUTH_TOKEN="$token" SLEUTH_REDIS_URL="redis://127.0.0.1:$redis_port/0"
 export SLEUTH_DATABASE_URL="sqlite://$work/sleuth.db" SLEUTH_DEVICE=cpu SLEUTH_DRAIN_TIMEOUT=5s
-export SLEUTH_RUN_ID=demo SLEUTH_CHECKPOINT_URI="$work/checkpoints"
+export SLEUTH_RUN_ID=demo SLEUTH_CHECKPOINT_URI="$work/checkpoints" SLEUTH_REPORT_DIR="$work/evaluations"
 services=(rollout-orchestrator agent tool-gateway inference-gateway policy-server learner)
 declare -A service_pid
 for i in "${!services[@]}"; do
@@ -61,6 +61,7 @@ for i in "${!services[@]}"; do
   SLEUTH_POLICY_SERVERS="127.0.0.1:$((base + 4))" \
   SLEUTH_INFERENCE_GATEWAY="127.0.0.1:$((base + 3))" \
   SLEUTH_TOOL_GATEWAY="127.0.0.1:$((base + 2))" \
+  SLEUTH_AGENT_WORKERS="127.0.0.1:$((base + 1))" \
   SLEUTH_COLLECTIONS="weather=$work/weather-index" \
   SLEUTH_HTTP_LISTEN="127.0.0.1:$((base + 7))" \
     "$bin/$name" >"$work/$name.log" 2>&1 &
@@ -87,6 +88,9 @@ curl -sS "http://127.0.0.1:$http_port/episodes/demo-1/v1/chat/completions" \
   -H "authorization: Bearer $token" -H "content-type: application/json" \
   -d '{"messages": [{"role": "user", "content": "What is the capital of France?"}], "temperature": 0, "max_tokens": 24}'
 echo
+
+say "an evaluation job on the orchestrator: the BM25 baseline on the demo collection"
+"$bin/sleuth" eval --orchestrator "127.0.0.1:$base" --source "$work/weather" --collection weather --contender bm25
 
 say "stopping the mesh with SIGTERM"
 status=0
