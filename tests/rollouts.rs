@@ -93,7 +93,7 @@ async fn runs_publish_every_group_once_within_concurrency_and_staleness() -> Res
     let Some((index, _searcher, submitter)) = policies(scratch.path()).await? else { return Ok(()) };
     let mesh = Mesh::with_agents(&submitter, &index, 2)?;
     mesh.client().await?;
-    let (_orchestrator, mut client) = mesh.orchestrator(&scratch.path().join("runs.db")).await?;
+    let (orchestrator, mut client) = mesh.orchestrator(&scratch.path().join("runs.db")).await?;
 
     // Bad specs name the field.
     let mut bad = spec(&index, 0, 2, 2, 0, 4);
@@ -168,6 +168,26 @@ async fn runs_publish_every_group_once_within_concurrency_and_staleness() -> Res
     assert_eq!(published(&finished), 6);
     let listed = client.list_runs(rollout::ListRunsRequest::default()).await?.into_inner();
     assert!(listed.runs.iter().any(|r| r.run_id == "gated"));
+
+    // The CLI, with exit codes scripts rely on: 0 for a succeeded run, 2 for an invalid spec.
+    let sleuth = |args: &[&str]| -> Result<std::process::Output> {
+        Ok(std::process::Command::new(sleuth_tests::binary("sleuth")?)
+            .args(args)
+            .args(["--orchestrator", orchestrator.addr.as_str()])
+            .output()?)
+    };
+    let status = sleuth(&["run", "status", "gated"])?;
+    let text = String::from_utf8_lossy(&status.stdout);
+    assert!(status.status.success() && text.contains("gated  succeeded  groups 6/6"), "{text}");
+    assert_eq!(sleuth(&["run", "watch", "gated"])?.status.code(), Some(0));
+    let bad = scratch.path().join("bad.yaml");
+    std::fs::write(
+        &bad,
+        "train: {source_uri: x, collection: y}\ngroup_size: 2\nglobal_batch_size: 1\nrollout_max_concurency: 4\n",
+    )?;
+    let created = sleuth(&["run", "create", "-f", bad.to_str().context("utf-8")?])?;
+    assert_eq!(created.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&created.stderr).contains("rollout_max_concurency"));
     Ok(())
 }
 
