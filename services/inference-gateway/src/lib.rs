@@ -12,7 +12,7 @@
 //! - [`metrics`] counts turns, tokens, drift, malformed calls, per-replica load
 //!   and the latency the gateway adds.
 //!
-//! Not yet here: discovery beyond a static list (DNS, Kubernetes).
+//! Replicas come from a tower `Discover` stream (a static list today).
 
 pub mod conversation;
 pub mod episode;
@@ -95,7 +95,12 @@ pub async fn run(
     let redis = RedisStore::open(&config.redis.redis_url)?;
     let model = config.model.clone().unwrap_or_else(sleuth_kit::config::default_model_dir);
     let renderer = conversation::Renderer::load(&model)?;
-    let policy = routing::Replicas::new(&config.policy_servers, token.as_ref(), config.policy_timeout)?;
+    if config.policy_servers.is_empty() {
+        return Err(Error::InvalidArgument("policy_servers must name at least one replica".to_owned()));
+    }
+    // A static list today; a DNS or Kubernetes `Discover` stream plugs in here.
+    let policy = routing::Replicas::empty(token.as_ref(), config.policy_timeout)
+        .discover(routing::static_list(&config.policy_servers));
     let handlers = std::sync::Arc::new(Handlers {
         renderer,
         traces: episode::TraceStore::new(redis.clone(), config.trace_ttl),

@@ -15,7 +15,11 @@ use sleuth_proto::policy::v1::policy_server_client::PolicyServerClient;
 use sleuth_proto::policy::v1::{GenerateRequest, GenerateResponse};
 use std::time::Duration;
 
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+
 use tonic::Code;
+use tower::discover::{Change, Discover};
 
 use crate::error::Error;
 use crate::metrics::METRICS;
@@ -27,15 +31,28 @@ pub struct Replica {
     client: PolicyServerClient<MeshChannel>,
 }
 
-/// The replicas of the policy, from a static list.
+/// The replicas of the policy, kept up to date from a tower `Discover`
+/// stream of `Change::Insert(address, address)` / `Change::Remove(address)`.
+/// A static list yields its inserts once ([`static_list`]); DNS or Kubernetes
+/// endpoints would keep the stream open and yield changes as they happen.
 #[derive(Clone)]
 pub struct Replicas {
-    replicas: Vec<Replica>,
+    replicas: Arc<RwLock<BTreeMap<String, Replica>>>,
+    token: Option<sleuth_kit::BearerToken>,
     timeout: Duration,
 }
 
+/// A static replica list as a `Discover` stream.
+pub fn static_list(
+    addresses: &[String],
+) -> impl Discover<Key = String, Service = String, Error = std::convert::Infallible> + Send + Unpin + 'static {
+    let inserts: Vec<_> = addresses.iter().map(|a| Ok(Change::Insert(a.clone(), a.clone()))).collect();
+    futures::stream::iter(inserts)
+}
+
 impl Replicas {
-    /// `timeout` bounds each Generate call (sent to the replica as `grpc-timeout` too).
+    /// The replicas of a static list, routable at once. `timeout` bounds each
+    /// Generate call (sent to the replica as `grpc-timeout` too).
     pub fn new(
         addresses: &[String],
         token: Option<&sleuth_kit::BearerToken>,
@@ -44,24 +61,62 @@ impl Replicas {
         if addresses.is_empty() {
             return Err(Error::InvalidArgument("policy_servers must name at least one replica".to_owned()));
         }
-        let replicas = addresses
-            .iter()
-            .map(|address| {
-                Ok(Replica {
-                    address: address.clone(),
-                    client: PolicyServerClient::new(sleuth_kit::client::connect_lazy(address, token)?),
-                })
-            })
-            .collect::<Result<Vec<_>, Error>>()?;
-        Ok(Self { replicas, timeout })
+        let replicas = Self::empty(token, timeout);
+        for address in addresses {
+            replicas.apply(Change::Insert(address.clone(), address.clone()))?;
+        }
+        Ok(replicas)
+    }
+
+    /// No replicas yet; [`Replicas::discover`] brings them.
+    pub fn empty(token: Option<&sleuth_kit::BearerToken>, timeout: Duration) -> Self {
+        Self { replicas: Arc::default(), token: token.cloned(), timeout }
+    }
+
+    /// Follows `discover` in the background: replicas join and leave as it says.
+    pub fn discover<D>(self, discover: D) -> Self
+    where
+        D: Discover<Key = String, Service = String> + Send + Unpin + 'static,
+        D::Error: std::fmt::Display,
+    {
+        let replicas = self.clone();
+        tokio::spawn(async move {
+            let mut discover = discover;
+            while let Some(change) =
+                futures::future::poll_fn(|cx| std::pin::Pin::new(&mut discover).poll_discover(cx)).await
+            {
+                match change.map_err(|e| e.to_string()).and_then(|c| replicas.apply(c).map_err(|e| e.to_string())) {
+                    Ok(()) => {}
+                    Err(error) => tracing::warn!(%error, "policy replica discovery"),
+                }
+            }
+        });
+        self
+    }
+
+    fn apply(&self, change: Change<String, String>) -> Result<(), Error> {
+        let mut replicas = self.replicas.write().expect("replicas");
+        match change {
+            Change::Insert(key, address) => {
+                let client = PolicyServerClient::new(sleuth_kit::client::connect_lazy(&address, self.token.as_ref())?);
+                tracing::info!(replica = %address, "policy replica joined");
+                replicas.insert(key, Replica { address, client });
+            }
+            Change::Remove(key) => {
+                tracing::info!(replica = %key, "policy replica left");
+                replicas.remove(&key);
+            }
+        }
+        Ok(())
     }
 
     /// Replicas in the order `episode` tries them: its own first.
-    pub fn order(&self, episode: &str) -> Vec<&Replica> {
+    pub fn order(&self, episode: &str) -> Vec<Replica> {
+        let replicas = self.replicas.read().expect("replicas");
         let mut scored: Vec<(u64, &Replica)> =
-            self.replicas.iter().map(|replica| (score(episode, &replica.address), replica)).collect();
+            replicas.values().map(|replica| (score(episode, &replica.address), replica)).collect();
         scored.sort_by_key(|(score, _)| std::cmp::Reverse(*score));
-        scored.into_iter().map(|(_, replica)| replica).collect()
+        scored.into_iter().map(|(_, replica)| replica.clone()).collect()
     }
 
     /// Generates on the episode's replica, failing over while replicas are unreachable.
@@ -119,6 +174,36 @@ mod tests {
     fn replicas(addresses: &[&str]) -> Replicas {
         let addresses: Vec<String> = addresses.iter().map(|a| a.to_string()).collect();
         Replicas::new(&addresses, None, Duration::from_secs(1)).unwrap()
+    }
+
+    #[tokio::test]
+    async fn replicas_join_and_leave_as_discovery_says() {
+        let (changes, stream) =
+            tokio::sync::mpsc::unbounded_channel::<Result<Change<String, String>, std::convert::Infallible>>();
+        let replicas = Replicas::empty(None, Duration::from_secs(1))
+            .discover(tokio_stream::wrappers::UnboundedReceiverStream::new(stream));
+        let addresses = |r: &Replicas| {
+            let mut a: Vec<String> = r.order("ep").into_iter().map(|r| r.address).collect();
+            a.sort();
+            a
+        };
+        let settled = |r: &Replicas, want: &[&str]| {
+            let (r, want) = (r.clone(), want.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+            async move {
+                for _ in 0..100 {
+                    if addresses(&r) == want {
+                        return true;
+                    }
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                false
+            }
+        };
+        changes.send(Ok(Change::Insert("a:1".into(), "a:1".into()))).unwrap();
+        changes.send(Ok(Change::Insert("b:1".into(), "b:1".into()))).unwrap();
+        assert!(settled(&replicas, &["a:1", "b:1"]).await);
+        changes.send(Ok(Change::Remove("a:1".into()))).unwrap();
+        assert!(settled(&replicas, &["b:1"]).await);
     }
 
     #[tokio::test]
