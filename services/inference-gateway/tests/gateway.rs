@@ -23,6 +23,28 @@ fn model() -> Option<PathBuf> {
 use sleuth_testkit::service::wait_serving as serving;
 use sleuth_testkit::start_service as start;
 
+/// The gateway's command line: its model, Redis, policy replicas and HTTP address, plus `extra` flags.
+fn gateway_args(model: &str, redis_url: &str, policy_servers: &str, http: &str, extra: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> = [
+        "inference-gateway",
+        "--listen",
+        "127.0.0.1:0",
+        "--http-listen",
+        http,
+        "--model",
+        model,
+        "--redis-url",
+        redis_url,
+        "--policy-servers",
+        policy_servers,
+    ]
+    .iter()
+    .map(|a| a.to_string())
+    .collect();
+    args.extend(extra.iter().map(|a| a.to_string()));
+    args
+}
+
 fn user(text: &str) -> ChatMessage {
     ChatMessage { role: "user".into(), content: text.into(), ..Default::default() }
 }
@@ -49,22 +71,8 @@ async fn turns_are_recorded_token_for_token_and_survive_a_restart() -> Result<()
     let redis_url = sleuth_testkit::redis_url(&redis);
     let (policy_addr, _policy) =
         start!(policy_server, ["policy-server", "--listen", "127.0.0.1:0", "--device", "cpu", "--model", &model]);
-    let gateway_args = |policy: &str| {
-        vec![
-            "inference-gateway".to_owned(),
-            "--listen".into(),
-            "127.0.0.1:0".into(),
-            "--http-listen".into(),
-            "127.0.0.1:0".into(),
-            "--model".into(),
-            model.clone(),
-            "--redis-url".into(),
-            redis_url.clone(),
-            "--policy-servers".into(),
-            policy.to_owned(),
-        ]
-    };
-    let (gateway_addr, gateway_stop) = start!(inference_gateway, gateway_args(&policy_addr));
+    let (gateway_addr, gateway_stop) =
+        start!(inference_gateway, gateway_args(&model, &redis_url, &policy_addr, "127.0.0.1:0", &[]));
     serving(&gateway_addr, "sleuth.inference.v1.InferenceGateway").await?;
     let client = |addr: String| async move {
         Ok::<_, anyhow::Error>(InferenceGatewayClient::new(connect(&addr, None, Duration::from_secs(5)).await?))
@@ -105,7 +113,8 @@ async fn turns_are_recorded_token_for_token_and_survive_a_restart() -> Result<()
 
     // A restarted gateway (same Redis) continues the episode.
     gateway_stop.stop().await?;
-    let (restarted, _restarted_stop) = start!(inference_gateway, gateway_args(&policy_addr));
+    let (restarted, _restarted_stop) =
+        start!(inference_gateway, gateway_args(&model, &redis_url, &policy_addr, "127.0.0.1:0", &[]));
     serving(&restarted, "sleuth.inference.v1.InferenceGateway").await?;
     let mut gateway = client(restarted).await?;
     let finished = gateway.finish_episode(pb::FinishEpisodeRequest { episode_id: "ep-1".into() }).await?.into_inner();
@@ -171,21 +180,7 @@ async fn the_openai_endpoint_runs_the_same_turns() -> Result<()> {
     let http = format!("127.0.0.1:{}", sleuth_testkit::free_port()?);
     let (gateway_addr, _gateway) = start!(
         inference_gateway,
-        [
-            "inference-gateway",
-            "--listen",
-            "127.0.0.1:0",
-            "--http-listen",
-            &http,
-            "--model",
-            &model,
-            "--redis-url",
-            &redis_url,
-            "--policy-servers",
-            &policy_addr,
-            "--auth-token",
-            "http-test-token",
-        ]
+        gateway_args(&model, &redis_url, &policy_addr, &http, &["--auth-token", "http-test-token"])
     );
     serving(&gateway_addr, "sleuth.inference.v1.InferenceGateway").await?;
     let auth = ("authorization", "Bearer http-test-token");
@@ -242,22 +237,8 @@ async fn episodes_stick_to_a_replica_and_fail_over_when_it_dies() -> Result<()> 
     let (second_addr, _second) =
         start!(policy_server, ["policy-server", "--listen", "127.0.0.1:0", "--device", "cpu", "--model", &model]);
     let replicas = format!("{first_addr},{second_addr}");
-    let (gateway_addr, _gateway) = start!(
-        inference_gateway,
-        [
-            "inference-gateway",
-            "--listen",
-            "127.0.0.1:0",
-            "--http-listen",
-            "127.0.0.1:0",
-            "--model",
-            &model,
-            "--redis-url",
-            &redis_url,
-            "--policy-servers",
-            &replicas,
-        ]
-    );
+    let (gateway_addr, _gateway) =
+        start!(inference_gateway, gateway_args(&model, &redis_url, &replicas, "127.0.0.1:0", &[]));
     serving(&gateway_addr, "sleuth.inference.v1.InferenceGateway").await?;
     let mut gateway = InferenceGatewayClient::new(connect(&gateway_addr, None, Duration::from_secs(5)).await?);
 
@@ -301,21 +282,7 @@ async fn the_official_openai_client_runs_a_tool_calling_round_trip() -> Result<(
     let http = format!("127.0.0.1:{}", sleuth_testkit::free_port()?);
     let (gateway_addr, _gateway) = start!(
         inference_gateway,
-        [
-            "inference-gateway",
-            "--listen",
-            "127.0.0.1:0",
-            "--http-listen",
-            &http,
-            "--model",
-            &model,
-            "--redis-url",
-            &redis_url,
-            "--policy-servers",
-            &policy_addr,
-            "--auth-token",
-            "client-token",
-        ]
+        gateway_args(&model, &redis_url, &policy_addr, &http, &["--auth-token", "client-token"])
     );
     serving(&gateway_addr, "sleuth.inference.v1.InferenceGateway").await?;
     let script = sleuth_testkit::checkout_file("services/inference-gateway/tests/openai_client.py");
@@ -360,22 +327,8 @@ async fn a_five_turn_tool_episode_is_traced_exactly() -> Result<()> {
     let redis_url = sleuth_testkit::redis_url(&redis);
     let (policy_addr, _policy) =
         start!(policy_server, ["policy-server", "--listen", "127.0.0.1:0", "--device", "cpu", "--model", &model]);
-    let (gateway_addr, _gateway) = start!(
-        inference_gateway,
-        [
-            "inference-gateway",
-            "--listen",
-            "127.0.0.1:0",
-            "--http-listen",
-            "127.0.0.1:0",
-            "--model",
-            &model,
-            "--redis-url",
-            &redis_url,
-            "--policy-servers",
-            &policy_addr,
-        ]
-    );
+    let (gateway_addr, _gateway) =
+        start!(inference_gateway, gateway_args(&model, &redis_url, &policy_addr, "127.0.0.1:0", &[]));
     serving(&gateway_addr, "sleuth.inference.v1.InferenceGateway").await?;
     let mut gateway = InferenceGatewayClient::new(connect(&gateway_addr, None, Duration::from_secs(5)).await?);
     let mut policy = sleuth_proto::policy::v1::policy_server_client::PolicyServerClient::new(

@@ -193,11 +193,24 @@ async fn a_killed_learner_resumes_to_the_uninterrupted_result() -> Result<()> {
     Ok(())
 }
 
+/// A greedy request whose model logprobs show which weights the server serves.
+fn greedy(max_new_tokens: u32) -> sleuth_proto::policy::v1::GenerateRequest {
+    sleuth_proto::policy::v1::GenerateRequest {
+        prompt_token_ids: vec![1, 2, 3, 4],
+        return_model_logprobs: true,
+        sampling: Some(sleuth_proto::common::v1::SamplingParams {
+            temperature: Some(0.0),
+            max_new_tokens,
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn published_weights_change_the_policy_server() -> Result<()> {
-    use sleuth_proto::common::v1::SamplingParams;
+    use sleuth_proto::policy::v1::GetModelInfoRequest;
     use sleuth_proto::policy::v1::policy_server_client::PolicyServerClient;
-    use sleuth_proto::policy::v1::{GenerateRequest, GetModelInfoRequest};
 
     let scratch = tempfile::tempdir()?;
     let model = scratch.path().join("model");
@@ -212,12 +225,7 @@ async fn published_weights_change_the_policy_server() -> Result<()> {
     sleuth_testkit::service::wait_serving(&policy_addr, "sleuth.policy.v1.PolicyServer").await?;
     let mut policy =
         PolicyServerClient::new(sleuth_kit::client::connect(&policy_addr, None, Duration::from_secs(5)).await?);
-    let greedy = GenerateRequest {
-        prompt_token_ids: vec![1, 2, 3, 4],
-        return_model_logprobs: true,
-        sampling: Some(SamplingParams { temperature: Some(0.0), max_new_tokens: 12, ..Default::default() }),
-        ..Default::default()
-    };
+    let greedy = greedy(12);
     let before = policy.generate(greedy.clone()).await?.into_inner();
     assert_eq!(before.policy_versions.first(), Some(&0));
 
@@ -269,7 +277,6 @@ async fn published_weights_change_the_policy_server() -> Result<()> {
 /// loading the learner's merged export straight from there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checkpoints_go_to_s3_and_the_policy_server_loads_them_from_there() -> Result<()> {
-    use sleuth_proto::common::v1::SamplingParams;
     use sleuth_proto::policy::v1 as policy_pb;
     use sleuth_proto::policy::v1::policy_server_client::PolicyServerClient;
 
@@ -340,12 +347,7 @@ async fn checkpoints_go_to_s3_and_the_policy_server_loads_them_from_there() -> R
     sleuth_testkit::service::wait_serving(&policy_addr, "sleuth.policy.v1.PolicyServer").await?;
     let mut policy =
         PolicyServerClient::new(sleuth_kit::client::connect(&policy_addr, None, Duration::from_secs(5)).await?);
-    let greedy = policy_pb::GenerateRequest {
-        prompt_token_ids: vec![1, 2, 3, 4],
-        return_model_logprobs: true,
-        sampling: Some(SamplingParams { temperature: Some(0.0), max_new_tokens: 8, ..Default::default() }),
-        ..Default::default()
-    };
+    let greedy = greedy(8);
     let before = policy.generate(greedy.clone()).await?.into_inner();
     let header = |uri: &str| policy_pb::UpdateWeightsRequest {
         part: Some(policy_pb::update_weights_request::Part::Header(policy_pb::WeightsHeader {
