@@ -2,6 +2,7 @@
 
 mod ask;
 mod health;
+mod model;
 mod run_spec;
 mod runs;
 mod search;
@@ -27,6 +28,8 @@ enum Command {
     Run(runs::RunArgs),
     /// Evaluate the policy or a retrieval baseline on a task split.
     Eval(runs::EvalArgs),
+    /// Work with model files: import a GGUF into an HF directory.
+    Model(model::ModelArgs),
 }
 
 #[tokio::main]
@@ -38,6 +41,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Ask(args) => ask::run(args).await.map(|()| 0)?,
         Command::Run(args) => runs::run(args).await?,
         Command::Eval(args) => runs::eval(args).await?,
+        Command::Model(args) => model::run(args).map(|()| 0)?,
     };
     if code != 0 {
         std::process::exit(code);
