@@ -32,8 +32,10 @@ build: setup
 	@test -n "$(TORCH_LIB)" || { echo "libtorch not found under $(VENV); run make setup" >&2; exit 1; }
 	cargo build --workspace --all-targets
 
+# Tests run many libtorch processes on few cores: OpenMP threads that sleep
+# instead of spinning while they wait leave the cores to the other processes.
 test: build
-	cargo nextest run --workspace --profile ci
+	OMP_WAIT_POLICY=passive cargo nextest run --workspace --profile ci
 
 lint: setup
 	cargo fmt --all --check
@@ -49,7 +51,7 @@ bench: setup
 	cargo bench -p inference-gateway --bench overhead
 	cargo bench -p learner --bench grpo_step
 	cargo build --release --workspace --bins
-	cargo bench -p sleuth-tests --bench rollout_throughput
+	OMP_WAIT_POLICY=passive cargo bench -p sleuth-tests --bench rollout_throughput
 
 # Code generation runs in crates/sleuth-proto/build.rs; this only forces it.
 proto: setup

@@ -52,6 +52,8 @@ pids+=($!)
 export SLEUTH_AUTH_TOKEN="$token" SLEUTH_REDIS_URL="redis://127.0.0.1:$redis_port/0"
 export SLEUTH_DATABASE_URL="sqlite://$work/sleuth.db" SLEUTH_DEVICE=cpu SLEUTH_DRAIN_TIMEOUT=5s
 export SLEUTH_RUN_ID=demo SLEUTH_CHECKPOINT_URI="$work/checkpoints" SLEUTH_REPORT_DIR="$work/evaluations"
+# The whole mesh shares this machine's cores: waiting OpenMP threads sleep instead of spinning.
+export OMP_WAIT_POLICY=passive
 services=(rollout-orchestrator agent tool-gateway inference-gateway policy-server learner)
 declare -A service_pid
 for i in "${!services[@]}"; do

@@ -1,6 +1,6 @@
 //! Generation benchmark: the policy server's engine (continuous batching in
 //! libtorch) against `transformers` `generate()` on the same SmolLM2-135M
-//! weights, f32, on this machine, in one run.
+//! weights, in f32 and in bf16, on this machine, in one run.
 //!
 //! - decode tokens/s at batch 1, 8 and 32 (greedy, exactly N new tokens each);
 //! - prefill tokens/s (one 512-token prompt);
@@ -72,30 +72,32 @@ fn tokens(count: usize, seed: i64) -> Vec<i64> {
     (0..count as i64).map(|i| 1000 + (i * 7919 + seed * 104_729) % 40_000).collect()
 }
 
-#[tokio::main]
-async fn main() -> Result<()> {
-    let model = sleuth_testkit::cache_dir()?.join("models/smollm2-135m-instruct");
-    ensure!(model.join("config.json").is_file(), "{} missing: run `make setup`", model.display());
-    let scratch = tempfile::tempdir()?;
-    let dir = model_without_eos(&model, scratch.path())?;
-    let limits = Limits { max_batch: 32, kv_budget_tokens: 1 << 20, max_queue: 1024, prefix_cache_tokens: 1 << 20 };
-    let engine = Engine::start(dir, tch::Device::Cpu, tch::Kind::Float, limits)?;
-    let prompt = tokens(32, 1);
-    run(&engine, vec![job("", prompt.clone(), 2)]).await?; // warm-up
+/// The dtypes both sides run in: (engine kind, torch dtype name).
+const DTYPES: [(tch::Kind, &str); 2] = [(tch::Kind::Float, "float32"), (tch::Kind::BFloat16, "bfloat16")];
 
-    let mut ours = Vec::new();
+struct Throughput {
+    /// Tokens/s per entry of `BATCHES`.
+    decode: Vec<f64>,
+    prefill: f64,
+}
+
+async fn throughput(engine: &Engine, prompt: &[i64], long: &[i64]) -> Result<Throughput> {
+    run(engine, vec![job("", prompt.to_vec(), 2)]).await?; // warm-up
+    let mut decode = Vec::new();
     for batch in BATCHES {
         let started = Instant::now();
-        let results = run(&engine, (0..batch).map(|_| job("", prompt.clone(), NEW_TOKENS)).collect()).await?;
+        let results = run(engine, (0..batch).map(|_| job("", prompt.to_vec(), NEW_TOKENS)).collect()).await?;
         let generated: usize = results.iter().map(|(t, _)| t.len()).sum();
-        ours.push(generated as f64 / started.elapsed().as_secs_f64());
+        decode.push(generated as f64 / started.elapsed().as_secs_f64());
     }
-    let long = tokens(PREFILL, 2);
     let started = Instant::now();
-    run(&engine, vec![job("", long.clone(), 1)]).await?;
-    let our_prefill = PREFILL as f64 / started.elapsed().as_secs_f64();
+    run(engine, vec![job("", long.to_vec(), 1)]).await?;
+    Ok(Throughput { decode, prefill: long.len() as f64 / started.elapsed().as_secs_f64() })
+}
 
-    // 10-turn episode: each turn's prompt is the whole history plus a new observation.
+/// A 10-turn episode (each turn's prompt is the whole history plus a new
+/// observation): (tokens prefilled, seconds), without and with prefix reuse.
+async fn episodes(engine: &Engine) -> Result<[(usize, f64); 2]> {
     let mut episode = [(0usize, 0.0f64); 2];
     for (index, session) in ["", "episode"].iter().enumerate() {
         let mut history = tokens(64, 3);
@@ -103,36 +105,76 @@ async fn main() -> Result<()> {
         let mut prefilled = 0;
         for turn in 0..TURNS {
             history.extend(tokens(OBSERVATION, 10 + turn as i64));
-            let results = run(&engine, vec![job(session, history.clone(), TURN_TOKENS)]).await?;
+            let results = run(engine, vec![job(session, history.clone(), TURN_TOKENS)]).await?;
             let (generated, cached) = &results[0];
             prefilled += history.len() - cached;
             history.extend(generated);
         }
         episode[index] = (prefilled, started.elapsed().as_secs_f64());
     }
+    Ok(episode)
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let model = sleuth_testkit::cache_dir()?.join("models/smollm2-135m-instruct");
+    ensure!(model.join("config.json").is_file(), "{} missing: run `make setup`", model.display());
+    let scratch = tempfile::tempdir()?;
+    let dir = model_without_eos(&model, scratch.path())?;
+    let limits = Limits { max_batch: 32, kv_budget_tokens: 1 << 20, max_queue: 1024, prefix_cache_tokens: 1 << 20 };
+    let prompt = tokens(32, 1);
+    let long = tokens(PREFILL, 2);
+
+    let mut ours = Vec::new();
+    let mut episode = None;
+    for (kind, _) in DTYPES {
+        let engine = Engine::start(dir.clone(), tch::Device::Cpu, kind, limits)?;
+        ours.push(throughput(&engine, &prompt, &long).await?);
+        if episode.is_none() {
+            episode = Some(episodes(&engine).await?);
+        }
+    }
 
     let script = sleuth_testkit::checkout_file("bench/peers/transformers_generate_peer.py");
-    let request = json!({"model_dir": model, "prompt": prompt, "batches": BATCHES, "new_tokens": NEW_TOKENS, "prefill_tokens": long});
+    let dtypes: Vec<&str> = DTYPES.iter().map(|(_, name)| *name).collect();
+    let request = json!({"model_dir": model, "dtypes": dtypes, "prompt": prompt, "batches": BATCHES, "new_tokens": NEW_TOKENS, "prefill_tokens": long});
     let peer = sleuth_testkit::run_python_json(&script, &[], Some(&request))?;
+    let theirs: Vec<Throughput> = dtypes
+        .iter()
+        .map(|dtype| Throughput {
+            decode: BATCHES
+                .iter()
+                .map(|b| peer[dtype]["decode_tokens_per_s"][b.to_string()].as_f64().unwrap_or(0.0))
+                .collect(),
+            prefill: peer[dtype]["prefill_tokens_per_s"].as_f64().unwrap_or(0.0),
+        })
+        .collect();
 
     println!(
-        "SmolLM2-135M-Instruct, f32, CPU ({} threads), greedy, {NEW_TOKENS} new tokens per sequence",
+        "SmolLM2-135M-Instruct, CPU ({} threads), greedy, {NEW_TOKENS} new tokens per sequence; tokens/s",
         tch::get_num_threads()
     );
-    println!("{:>22} {:>14} {:>16} {:>8}", "", "sleuth tok/s", "transformers", "ratio");
-    for (batch, ours) in BATCHES.iter().zip(&ours) {
-        let theirs = peer["decode_tokens_per_s"][batch.to_string()].as_f64().unwrap_or(0.0);
-        println!("{:>22} {ours:>14.1} {theirs:>16.1} {:>7.2}x", format!("decode, batch {batch}"), ours / theirs);
-    }
-    let theirs = peer["prefill_tokens_per_s"].as_f64().unwrap_or(0.0);
     println!(
-        "{:>22} {our_prefill:>14.1} {theirs:>16.1} {:>7.2}x",
-        format!("prefill, {PREFILL} tokens"),
-        our_prefill / theirs
+        "{:>22} {:>10} {:>10} {:>7} | {:>10} {:>10} {:>7} | {:>22}",
+        "", "sleuth f32", "hf f32", "ratio", "sleuth bf16", "hf bf16", "ratio", "sleuth bf16 / hf f32"
     );
-    let [(without, without_s), (with, with_s)] = episode;
+    let row = |label: String, pick: &dyn Fn(&Throughput) -> f64| {
+        let (o32, t32, o16, t16) = (pick(&ours[0]), pick(&theirs[0]), pick(&ours[1]), pick(&theirs[1]));
+        println!(
+            "{label:>22} {o32:>10.1} {t32:>10.1} {:>6.2}x | {o16:>10.1} {t16:>10.1} {:>6.2}x | {:>21.2}x",
+            o32 / t32,
+            o16 / t16,
+            o16 / t32
+        );
+    };
+    for (i, batch) in BATCHES.iter().enumerate() {
+        row(format!("decode, batch {batch}"), &|t| t.decode[i]);
+    }
+    row(format!("prefill, {PREFILL} tokens"), &|t| t.prefill);
+
+    let [(without, without_s), (with, with_s)] = episode.expect("measured with the first dtype");
     println!(
-        "\n{TURNS}-turn episode (+{OBSERVATION} observation tokens, {TURN_TOKENS} generated per turn):\n  \
+        "\n{TURNS}-turn episode, f32 (+{OBSERVATION} observation tokens, {TURN_TOKENS} generated per turn):\n  \
          without prefix reuse: {without} tokens prefilled, {without_s:.1} s\n  \
          with prefix reuse:    {with} tokens prefilled, {with_s:.1} s\n  \
          prefill work {:.1}x less, {:.2}x faster",

@@ -10,7 +10,7 @@
 //! so load never turns into an out-of-memory crash.
 
 use std::collections::VecDeque;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use sleuth_model::sampling::{Rng, Sampled, Sampling, sample, sample_rows};
 use sleuth_model::{BatchCache, Config, KvCache, Model, load_weights};
@@ -64,8 +64,19 @@ pub struct ModelFacts {
 
 /// New weights: named tensors (HF names) or a checkpoint directory.
 pub enum Weights {
-    Tensors(Vec<(String, Tensor)>),
+    Tensors(Vec<RawTensor>),
     Checkpoint(PathBuf),
+}
+
+/// A tensor as received, still bytes: it becomes a libtorch tensor on the
+/// scheduler thread (see [`Engine::start`] for why no other thread runs
+/// libtorch operations).
+pub struct RawTensor {
+    pub name: String,
+    pub kind: Kind,
+    pub shape: Vec<i64>,
+    /// Little-endian, row-major, `shape.product() * kind.elt_size_in_bytes()` bytes.
+    pub data: Vec<u8>,
 }
 
 enum Command {
@@ -99,44 +110,34 @@ pub struct Engine {
 }
 
 impl Engine {
-    /// Loads the HF model in `dir` and starts the scheduler thread.
+    /// Starts the scheduler thread, which loads the HF model in `dir`; returns
+    /// once the model is loaded.
+    ///
+    /// Every libtorch operation of the server runs on that one thread, loading
+    /// included. libtorch's OpenMP keeps a thread team per calling thread, and
+    /// once the process has more team threads than cores libgomp throttles its
+    /// spin-waits: a second team (from loading on the caller's thread) made each
+    /// decode step 1.6-1.8x slower on 2 cores (measured).
     pub fn start(dir: PathBuf, device: Device, kind: Kind, limits: Limits) -> Result<Self, Error> {
         let config = Config::from_file(&dir.join("config.json"))?;
-        let mut vars = VarStore::new(device);
-        let model = Model::new(&vars.root(), &config);
-        load_weights(&mut vars, &dir)?;
-        if kind != Kind::Float {
-            vars.set_kind(kind);
-        }
-        vars.freeze();
-        let facts = ModelFacts {
-            model_id: dir.file_name().and_then(|n| n.to_str()).unwrap_or("model").to_owned(),
-            architecture: config.model_type.clone(),
-            num_parameters: vars.variables().values().map(|t| t.numel() as u64).sum(),
-            kind,
-            device,
-            vocab_size: config.vocab_size as u32,
-            max_position_embeddings: config.max_position_embeddings as u32,
-            eos_token_ids: config.eos_token_ids(),
-            version: 0,
-            kv_budget_tokens: limits.kv_budget_tokens as u64,
-        };
         let (commands, receiver) = mpsc::unbounded_channel();
-        let scheduler = Scheduler {
-            model,
-            vars,
-            facts,
-            limits,
-            waiting: VecDeque::new(),
-            running: Vec::new(),
-            reserved: 0,
-            kind,
-            sessions: Sessions::new(limits.prefix_cache_tokens),
-        };
+        let (loaded, ready) = std::sync::mpsc::sync_channel(1);
+        let thread_config = config.clone();
         std::thread::Builder::new()
             .name("policy-scheduler".to_owned())
-            .spawn(move || tch::no_grad(|| scheduler.run(receiver)))
+            .spawn(move || {
+                let scheduler = match Scheduler::load(&dir, thread_config, device, kind, limits) {
+                    Ok(scheduler) => scheduler,
+                    Err(error) => {
+                        let _ = loaded.send(Err(error));
+                        return;
+                    }
+                };
+                let _ = loaded.send(Ok(()));
+                tch::no_grad(|| scheduler.run(receiver))
+            })
             .map_err(|e| Error::Internal(format!("cannot start the scheduler thread: {e}")))?;
+        ready.recv().map_err(|_| Error::Internal("the scheduler thread died loading the model".into()))??;
         Ok(Self { commands, config, limits })
     }
 
@@ -244,6 +245,47 @@ struct Scheduler {
 }
 
 impl Scheduler {
+    fn load(dir: &Path, config: Config, device: Device, kind: Kind, limits: Limits) -> Result<Self, Error> {
+        // OpenMP's thread count is per calling thread and defaults to the
+        // machine's cores; a pod may use fewer (its CPU limit), which
+        // available_parallelism honours. OMP_NUM_THREADS, when set, wins.
+        if std::env::var_os("OMP_NUM_THREADS").is_none()
+            && let Ok(cpus) = std::thread::available_parallelism()
+        {
+            tch::set_num_threads(cpus.get() as i32);
+        }
+        let mut vars = VarStore::new(device);
+        let model = Model::new(&vars.root(), &config);
+        load_weights(&mut vars, dir)?;
+        if kind != Kind::Float {
+            vars.set_kind(kind);
+        }
+        vars.freeze();
+        let facts = ModelFacts {
+            model_id: dir.file_name().and_then(|n| n.to_str()).unwrap_or("model").to_owned(),
+            architecture: config.model_type.clone(),
+            num_parameters: vars.variables().values().map(|t| t.numel() as u64).sum(),
+            kind,
+            device,
+            vocab_size: config.vocab_size as u32,
+            max_position_embeddings: config.max_position_embeddings as u32,
+            eos_token_ids: config.eos_token_ids(),
+            version: 0,
+            kv_budget_tokens: limits.kv_budget_tokens as u64,
+        };
+        Ok(Scheduler {
+            model,
+            vars,
+            facts,
+            limits,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            reserved: 0,
+            kind,
+            sessions: Sessions::new(limits.prefix_cache_tokens),
+        })
+    }
+
     fn run(mut self, mut commands: mpsc::UnboundedReceiver<Command>) {
         let mut batch = BatchCache::new(&self.model.config, self.limits.max_batch, self.kind, self.facts.device);
         loop {
@@ -317,19 +359,19 @@ impl Scheduler {
             }
             Weights::Tensors(tensors) => {
                 let variables = self.vars.variables();
-                for (name, tensor) in &tensors {
+                for RawTensor { name, shape, .. } in &tensors {
                     let Some(target) = variables.get(name) else {
                         return Err(Error::InvalidArgument(format!("tensor {name:?} is not a parameter of the model")));
                     };
-                    if target.size() != tensor.size() {
+                    if &target.size() != shape {
                         return Err(Error::InvalidArgument(format!(
-                            "tensor {name:?} has shape {:?}, the model's is {:?}",
-                            tensor.size(),
+                            "tensor {name:?} has shape {shape:?}, the model's is {:?}",
                             target.size()
                         )));
                     }
                 }
-                for (name, tensor) in tensors {
+                for RawTensor { name, kind, shape, data } in tensors {
+                    let tensor = Tensor::from_data_size(&data, &shape, kind);
                     let mut target = variables[&name].shallow_clone();
                     target.copy_(&tensor.to_kind(target.kind()).to_device(target.device()));
                 }

@@ -8,12 +8,12 @@ use futures::StreamExt;
 use sleuth_model::sampling::Sampling;
 use sleuth_proto::policy::v1 as pb;
 use sleuth_proto::policy::v1::policy_server_server::PolicyServer;
-use tch::{Kind, Tensor};
+use tch::Kind;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::codegen::BoxStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::engine::{Engine, Event, Finish, Job, Weights};
+use crate::engine::{Engine, Event, Finish, Job, RawTensor, Weights};
 use crate::error::Error;
 
 pub struct Handlers {
@@ -235,8 +235,7 @@ impl PolicyServer for Handlers {
                     ))
                     .into());
                 }
-                let tensor = Tensor::from_data_size(&data, &shape, kind);
-                tensors.push((name, tensor));
+                tensors.push(RawTensor { name, kind, shape, data });
             }
             Weights::Tensors(tensors)
         };
