@@ -145,7 +145,6 @@ async fn main() -> Result<()> {
     write_random_llama(&smollm2, &model, TinyShape::default(), 1)?;
     let model = model.to_str().context("utf-8 path")?.to_owned();
     cpu_per_turn(std::path::Path::new(&model))?;
-    tch::set_num_threads(1);
     let redis = sleuth_testkit::redis()?;
     let redis_url = sleuth_testkit::redis_url(&redis);
     let (policy_addr, _policy) = start_service!(
@@ -162,6 +161,8 @@ async fn main() -> Result<()> {
             "256",
             "--max-queue",
             "1024",
+            "--torch-threads",
+            "1",
         ]
     );
     let (gateway_addr, _gateway) = start_service!(

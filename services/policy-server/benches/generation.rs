@@ -121,7 +121,13 @@ async fn main() -> Result<()> {
     ensure!(model.join("config.json").is_file(), "{} missing: run `make setup`", model.display());
     let scratch = tempfile::tempdir()?;
     let dir = model_without_eos(&model, scratch.path())?;
-    let limits = Limits { max_batch: 32, kv_budget_tokens: 1 << 20, max_queue: 1024, prefix_cache_tokens: 1 << 20 };
+    let limits = Limits {
+        max_batch: 32,
+        kv_budget_tokens: 1 << 20,
+        max_queue: 1024,
+        prefix_cache_tokens: 1 << 20,
+        torch_threads: 0,
+    };
     let prompt = tokens(32, 1);
     let long = tokens(PREFILL, 2);
 

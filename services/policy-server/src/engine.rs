@@ -99,6 +99,9 @@ pub struct Limits {
     pub max_queue: usize,
     /// Tokens of finished sequences kept for prefix reuse (0 disables it).
     pub prefix_cache_tokens: usize,
+    /// libtorch intra-op threads; 0: `OMP_NUM_THREADS` when set, else the
+    /// CPUs this process may use.
+    pub torch_threads: usize,
 }
 
 /// Handle to the scheduler; cheap to clone.
@@ -248,11 +251,14 @@ impl Scheduler {
     fn load(dir: &Path, config: Config, device: Device, kind: Kind, limits: Limits) -> Result<Self, Error> {
         // OpenMP's thread count is per calling thread and defaults to the
         // machine's cores; a pod may use fewer (its CPU limit), which
-        // available_parallelism honours. OMP_NUM_THREADS, when set, wins.
-        if std::env::var_os("OMP_NUM_THREADS").is_none()
-            && let Ok(cpus) = std::thread::available_parallelism()
-        {
-            tch::set_num_threads(cpus.get() as i32);
+        // available_parallelism honours.
+        let threads = match limits.torch_threads {
+            0 if std::env::var_os("OMP_NUM_THREADS").is_some() => None,
+            0 => std::thread::available_parallelism().ok().map(|cpus| cpus.get()),
+            threads => Some(threads),
+        };
+        if let Some(threads) = threads {
+            tch::set_num_threads(threads as i32);
         }
         let mut vars = VarStore::new(device);
         let model = Model::new(&vars.root(), &config);

@@ -53,6 +53,11 @@ pub struct Config {
     #[arg(long, env = "SLEUTH_DTYPE", default_value = "f32", value_parser = ["f32", "bf16"])]
     pub dtype: String,
 
+    /// libtorch intra-op threads (0: OMP_NUM_THREADS when set, else the CPUs
+    /// this process may use, a pod's CPU limit included).
+    #[arg(long, env = "SLEUTH_TORCH_THREADS", default_value_t = 0)]
+    pub torch_threads: u32,
+
     /// Sequences decoded together.
     #[arg(long, env = "SLEUTH_MAX_BATCH", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub max_batch: u32,
@@ -112,6 +117,7 @@ pub async fn run(
         kv_budget_tokens: config.kv_budget_tokens as usize,
         max_queue: config.max_queue as usize,
         prefix_cache_tokens: config.prefix_cache_tokens as usize,
+        torch_threads: config.torch_threads as usize,
     };
     let engine: Arc<OnceLock<Result<Engine, String>>> = Arc::default();
     let loading = engine.clone();
