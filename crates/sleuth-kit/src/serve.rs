@@ -115,7 +115,9 @@ pub async fn serve(
         // waiting unseen in a client queue, and health checks still fit.
         .max_concurrent_streams(Some(args.max_concurrent_requests.saturating_add(256)))
         .add_routes(routes)
-        .serve_with_incoming_shutdown(TcpIncoming::from(listener), on_shutdown);
+        // Without TCP_NODELAY a response's last small frame can wait for the
+        // client's delayed ACK (Nagle): ~40 ms stalls on single calls.
+        .serve_with_incoming_shutdown(TcpIncoming::from(listener).with_nodelay(Some(true)), on_shutdown);
 
     let drain_deadline = async {
         match drain_signal.await {

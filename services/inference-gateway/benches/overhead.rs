@@ -1,7 +1,7 @@
 //! What the gateway adds to a turn: latency (p50/p99) of the same turns
 //! through the gateway (template, tokenising, Redis trace, parsing, routing)
-//! and straight to the policy server, at 64 and 256 concurrent episodes, in
-//! one run. The policy is a tiny random Llama with SmolLM2's tokenizer, so
+//! and straight to the policy server, at 1, 8, 64 and 256 concurrent
+//! episodes, in one run. The policy is a tiny random Llama with SmolLM2's tokenizer, so
 //! the policy's own time does not drown the difference. On a 2-core machine
 //! the policy, Redis, the gateway and the clients share the cores: libtorch
 //! is held to one thread (in production the gateway has its own pod), and
@@ -23,8 +23,10 @@ use sleuth_proto::policy::v1::policy_server_client::PolicyServerClient;
 use sleuth_testkit::service::wait_serving;
 use sleuth_testkit::start_service;
 
-const CONCURRENCY: [usize; 2] = [64, 256];
+const CONCURRENCY: [usize; 4] = [1, 8, 64, 256];
 const TURNS: usize = 3;
+/// Alternating gateway/direct rounds per concurrency; small concurrencies get
+/// more, so every percentile comes from at least 64 episodes' turns.
 const REPEATS: usize = 3;
 const NEW_TOKENS: u32 = 4;
 
@@ -190,7 +192,7 @@ async fn main() -> Result<()> {
     );
     for concurrency in CONCURRENCY {
         let (mut through, mut direct, mut errors) = (Vec::new(), Vec::new(), 0);
-        for repeat in 0..REPEATS {
+        for repeat in 0..REPEATS.max(64 / concurrency) {
             let round = format!("{concurrency}-{repeat}");
             let tasks = (0..concurrency)
                 .map(|i| tokio::spawn(gateway_episode(gateway_addr.clone(), format!("bench-{round}-{i}"))))
