@@ -128,6 +128,23 @@ pub fn device_probe(device: Device) -> std::sync::Arc<dyn sleuth_kit::Probe> {
     })
 }
 
+/// Sets libtorch's intra-op threads for the calling thread (OpenMP keeps the
+/// count per thread, so call this on the thread that runs the tensors):
+/// `requested` when above 0; else `OMP_NUM_THREADS` when set (libtorch read
+/// it at start); else the CPUs this process may use, which
+/// `available_parallelism` takes from a pod's CPU limit where OpenMP would
+/// count the node's cores.
+pub fn set_intra_op_threads(requested: usize) {
+    let threads = match requested {
+        0 if std::env::var_os("OMP_NUM_THREADS").is_some() => None,
+        0 => std::thread::available_parallelism().ok().map(|cpus| cpus.get()),
+        threads => Some(threads),
+    };
+    if let Some(threads) = threads {
+        tch::set_num_threads(threads as i32);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

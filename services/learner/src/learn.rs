@@ -81,19 +81,18 @@ pub struct Progress {
 
 pub type SharedProgress = Arc<Mutex<Progress>>;
 
-/// Runs `f` on the trainer on a blocking thread (libtorch and the TCP
+/// Runs `f` on the trainer on the libtorch thread (libtorch and the TCP
 /// collectives block) and hands the trainer back.
 async fn blocking<T: Send + 'static>(
     trainer: Trainer,
     f: impl FnOnce(&mut Trainer) -> T + Send + 'static,
 ) -> Result<(Trainer, T), Error> {
-    tokio::task::spawn_blocking(move || {
+    crate::torch_thread::run(move || {
         let mut trainer = trainer;
         let out = f(&mut trainer);
         (trainer, out)
     })
     .await
-    .map_err(|e| Error::Train(format!("training thread failed: {e}")))
 }
 
 /// Everything rank 0 talks to.
@@ -114,7 +113,13 @@ pub async fn resume(trainer: Trainer, checkpoints: &ObjectStore) -> Result<(Trai
     let Some(meta) = checkpoint::latest(checkpoints).await? else {
         return Ok((trainer, Meta { world_size: world, ..Meta::default() }));
     };
-    let shard = checkpoint::load_shard(checkpoints, &meta, rank, world, trainer.vars.device()).await?;
+    // Decoding the shard makes tensors: on the libtorch thread too.
+    let (store, shard_meta, device) = (checkpoints.clone(), meta.clone(), trainer.vars.device());
+    let runtime = tokio::runtime::Handle::current();
+    let shard = crate::torch_thread::run(move || {
+        runtime.block_on(checkpoint::load_shard(&store, &shard_meta, rank, world, device))
+    })
+    .await??;
     tracing::info!(step = meta.step, rank, "resuming from checkpoint");
     let (trainer, restored) = blocking(trainer, move |t| t.restore(shard)).await?;
     restored?;
@@ -199,8 +204,11 @@ pub async fn lead(
         trainer = t;
         let stats = stats?;
         meta.step = stats.step;
-        let update = (!sources.publisher.is_empty())
-            .then(|| crate::publish::update_requests(stats.step, &trainer.named_tensors()));
+        let (publishing, step) = (!sources.publisher.is_empty(), stats.step);
+        let (t, update) =
+            blocking(trainer, move |t| publishing.then(|| crate::publish::update_requests(step, &t.named_tensors())))
+                .await?;
+        trainer = t;
         let published = publish(update, &sources, stats.step).await;
         sleuth_store::trajectories::set_learner_version(&sources.redis, &plan.run_id, stats.step).await?;
         let extra = serde_json::json!({
@@ -257,8 +265,9 @@ pub async fn follow(trainer: Trainer, checkpoints: ObjectStore) -> Result<(), Er
             }
             Command::Checkpoint(step) => {
                 let (rank, world) = (trainer.collective.rank(), trainer.collective.world());
-                let bytes = checkpoint::shard_bytes(&trainer.shard)?;
-                checkpoint::save_shard(&checkpoints, step, rank, world, bytes).await?;
+                let (t, bytes) = blocking(trainer, |t| checkpoint::shard_bytes(&t.shard)).await?;
+                trainer = t;
+                checkpoint::save_shard(&checkpoints, step, rank, world, bytes?).await?;
                 let (t, arrived) = blocking(trainer, |t| t.collective.barrier()).await?;
                 trainer = t;
                 arrived?;
@@ -316,11 +325,17 @@ async fn save_checkpoint(trainer: Trainer, sources: &Sources, meta: &Meta) -> Re
     let (t, told) = blocking(trainer, move |t| t.collective.broadcast(Command::Checkpoint(step).encode())).await?;
     told?;
     let (rank, world) = (t.collective.rank(), t.collective.world());
-    let bytes = checkpoint::shard_bytes(&t.shard)?;
     let export = tempfile::tempdir().map_err(|e| Error::Train(e.to_string()))?;
-    sleuth_model::export::save_hf_dir(&t.named_tensors(), &sources.model_config, &sources.model_dir, export.path())
-        .map_err(|e| Error::Train(format!("HF export: {e}")))?;
-    checkpoint::save_shard(&sources.checkpoints, step, rank, world, bytes).await?;
+    let (export_dir, model_config, model_dir) =
+        (export.path().to_owned(), sources.model_config.clone(), sources.model_dir.clone());
+    let (t, written) = blocking(t, move |t| -> Result<Vec<u8>, Error> {
+        let bytes = checkpoint::shard_bytes(&t.shard)?;
+        sleuth_model::export::save_hf_dir(&t.named_tensors(), &model_config, &model_dir, &export_dir)
+            .map_err(|e| Error::Train(format!("HF export: {e}")))?;
+        Ok(bytes)
+    })
+    .await?;
+    checkpoint::save_shard(&sources.checkpoints, step, rank, world, written?).await?;
     checkpoint::save_export(&sources.checkpoints, step, export.path()).await?;
     let (t, arrived) = blocking(t, |t| t.collective.barrier()).await?;
     arrived?;

@@ -6,7 +6,8 @@
 //! - [`batch`]: trajectory groups to samples;
 //! - [`collective`], [`shard`], [`trainer`]: sharded training across ranks;
 //! - [`checkpoint`], [`publish`], [`records`]: what a step leaves behind;
-//! - [`learn`]: the loop that ties them to the stream.
+//! - [`learn`]: the loop that ties them to the stream;
+//! - [`torch_thread`]: the one thread every tensor operation runs on.
 
 pub mod advantage;
 pub mod batch;
@@ -18,6 +19,7 @@ pub mod loss;
 pub mod publish;
 pub mod records;
 pub mod shard;
+pub mod torch_thread;
 pub mod trainer;
 
 use std::future::Future;
@@ -141,9 +143,10 @@ pub struct Config {
     #[arg(long, env = "SLEUTH_POLICY_SERVERS", value_delimiter = ',')]
     pub policy_servers: Vec<String>,
 
-    /// libtorch intra-op threads; 0 = libtorch's default.
+    /// libtorch intra-op threads (0: OMP_NUM_THREADS when set, else the CPUs
+    /// this process may use, a pod's CPU limit included).
     #[arg(long, env = "SLEUTH_TORCH_THREADS", default_value_t = 0)]
-    pub torch_threads: i32,
+    pub torch_threads: usize,
 
     #[command(flatten)]
     pub serve: ServeArgs,
@@ -313,9 +316,8 @@ pub async fn run(
     }
     let estimator = config.advantage.parse().map_err(Error::InvalidArgument)?;
     objective(&config)?;
-    if config.torch_threads > 0 {
-        tch::set_num_threads(config.torch_threads);
-    }
+    let threads = config.torch_threads;
+    torch_thread::run(move || sleuth_torch::set_intra_op_threads(threads)).await?;
     let redis = RedisStore::open(&config.redis.redis_url)?;
     let database = Database::open(&config.database.database_url)?;
     let checkpoints = ObjectStore::open(&config.checkpoint_uri, &config.s3)?;
@@ -339,7 +341,8 @@ pub async fn run(
         .ok()
         .and_then(|t| serde_json::from_str(&t).ok())
         .ok_or_else(|| Error::InvalidArgument(format!("model {} has no readable config.json", model_dir.display())))?;
-    let trainer = load_trainer(&config, device, collective)?;
+    let trainer_settings = config.clone();
+    let trainer = torch_thread::run(move || load_trainer(&trainer_settings, device, collective)).await??;
     let progress = SharedProgress::default();
 
     let (stop, stopped) = tokio::sync::watch::channel(false);

@@ -249,17 +249,7 @@ struct Scheduler {
 
 impl Scheduler {
     fn load(dir: &Path, config: Config, device: Device, kind: Kind, limits: Limits) -> Result<Self, Error> {
-        // OpenMP's thread count is per calling thread and defaults to the
-        // machine's cores; a pod may use fewer (its CPU limit), which
-        // available_parallelism honours.
-        let threads = match limits.torch_threads {
-            0 if std::env::var_os("OMP_NUM_THREADS").is_some() => None,
-            0 => std::thread::available_parallelism().ok().map(|cpus| cpus.get()),
-            threads => Some(threads),
-        };
-        if let Some(threads) = threads {
-            tch::set_num_threads(threads as i32);
-        }
+        sleuth_torch::set_intra_op_threads(limits.torch_threads);
         let mut vars = VarStore::new(device);
         let model = Model::new(&vars.root(), &config);
         load_weights(&mut vars, dir)?;
