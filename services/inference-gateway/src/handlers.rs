@@ -140,6 +140,7 @@ impl Handlers {
         let prompt: Vec<u32> = recorded.iter().chain(&next.new_tokens).copied().collect();
 
         let mut sampling = request.sampling.clone().unwrap_or_default();
+        let stop = sampling.stop.clone();
         if sampling.max_new_tokens == 0 {
             sampling.max_new_tokens = DEFAULT_MAX_NEW_TOKENS;
         }
@@ -168,7 +169,12 @@ impl Handlers {
         let version = generated.policy_versions.first().copied().unwrap_or_default();
         record.push_context(turn, kind, &next.new_tokens, version);
         record.push_sampled(turn, &generated.token_ids, &generated.logprobs, &generated.policy_versions);
-        let reply = sleuth_chat::parse_reply(&self.renderer.decode(&generated.token_ids)?);
+        // The policy server ends at the token completing a stop string; the
+        // reply's text ends before the string (OpenAI's `stop`). The trace keeps
+        // every token the policy generated.
+        let text = self.renderer.decode(&generated.token_ids)?;
+        let cut = stop.iter().filter_map(|s| text.find(s.as_str())).min().unwrap_or(text.len());
+        let reply = sleuth_chat::parse_reply(&text[..cut]);
         if reply.malformed {
             record.trace_mut().malformed_tool_calls += 1;
             METRICS.malformed_tool_calls.inc();

@@ -158,11 +158,24 @@ async fn complete(state: &AppState, episode: String, body: Value) -> Result<Json
             request.tool_choice.unwrap_or_default()
         ))));
     }
-    if request.stop.as_ref().is_some_and(|s| !s.is_null()) {
-        return Err(ApiError(Error::InvalidArgument(
-            "stop sequences are not supported yet; the model's end-of-turn token stops".to_owned(),
-        )));
-    }
+    let stop = match request.stop {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::String(stop)) => vec![stop],
+        Some(Value::Array(items)) => items
+            .into_iter()
+            .enumerate()
+            .map(|(i, item)| match item {
+                Value::String(stop) => Ok(stop),
+                other => Err(Error::InvalidArgument(format!("stop[{i}] must be a string, got {other}"))),
+            })
+            .collect::<Result<_, _>>()
+            .map_err(ApiError)?,
+        Some(other) => {
+            return Err(ApiError(Error::InvalidArgument(format!(
+                "stop must be a string or an array of strings, got {other}"
+            ))));
+        }
+    };
     let tools = if request.tool_choice.as_ref().is_some_and(|c| c == "none") { Vec::new() } else { request.tools };
     let messages = request
         .messages
@@ -214,6 +227,7 @@ async fn complete(state: &AppState, episode: String, body: Value) -> Result<Json
             top_p: request.top_p,
             seed: request.seed,
             max_new_tokens: request.max_completion_tokens.or(request.max_tokens).unwrap_or(0),
+            stop,
             ..Default::default()
         }),
         logprobs: request.logprobs,

@@ -203,6 +203,21 @@ async fn the_openai_endpoint_runs_the_same_turns() -> Result<()> {
         body["usage"]["completion_tokens"].as_u64().map(|n| n as usize)
     );
 
+    // A stop string ends the reply before it (OpenAI's semantics; the reply is
+    // trimmed as every reply is); a string or a list.
+    for (stop, content) in [
+        (serde_json::json!("Paris"), "The capital of France is"),
+        (serde_json::json!(["is", "France"]), "The capital of"),
+    ] {
+        let mut stopped = question.clone();
+        stopped["stop"] = stop;
+        let episode = format!("/episodes/http-stop-{content}/v1/chat/completions").replace(' ', "-");
+        let (status, body) = post(&http, &episode, &[auth], &stopped).await?;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["choices"][0]["message"]["content"], content);
+        assert_eq!(body["choices"][0]["finish_reason"], "stop");
+    }
+
     // The header form names the same kind of episode; the trace is the gRPC one.
     let (status, _) =
         post(&http, "/v1/chat/completions", &[auth, ("x-sleuth-episode-id", "http-2")], &question).await?;
@@ -219,6 +234,10 @@ async fn the_openai_endpoint_runs_the_same_turns() -> Result<()> {
     assert!(body["error"]["message"].as_str().unwrap_or_default().contains("x-sleuth-episode-id"), "{body}");
     let (status, body) = post(&http, "/episodes/http-3/v1/chat/completions", &[], &question).await?;
     assert_eq!((status, body["error"]["type"].as_str()), (401, Some("authentication_error")));
+    let bad_stop = serde_json::json!({"messages": [{"role": "user", "content": "hi"}], "stop": ["ok", 3]});
+    let (status, body) = post(&http, "/episodes/http-3/v1/chat/completions", &[auth], &bad_stop).await?;
+    assert_eq!(status, 400);
+    assert!(body["error"]["message"].as_str().unwrap_or_default().contains("stop[1]"), "{body}");
     let bad = serde_json::json!({"messages": [{"role": "user", "content": [1, 2]}]});
     let (status, body) = post(&http, "/episodes/http-3/v1/chat/completions", &[auth], &bad).await?;
     assert_eq!(status, 400);

@@ -44,6 +44,7 @@ fn job(session: &str, prompt: Vec<i64>, max_new_tokens: usize) -> Job {
         seed: 0,
         max_new_tokens,
         stop_tokens: Vec::new(),
+        stop_strings: None,
     }
 }
 

@@ -13,7 +13,7 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::codegen::BoxStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::engine::{Engine, Event, Finish, Job, RawTensor, Weights};
+use crate::engine::{Engine, Event, Finish, Job, RawTensor, StopStrings, Weights};
 use crate::error::Error;
 
 pub struct Handlers {
@@ -87,6 +87,8 @@ impl Handlers {
             top_k: params.top_k as usize,
         };
         sampling.validate().map_err(|message| Error::InvalidArgument(format!("sampling.{message}")))?;
+        let stop_strings = StopStrings::new(&params.stop, engine.tokenizer.as_ref())
+            .map_err(|message| Error::InvalidArgument(format!("sampling.{message}")))?;
         let seed = params.seed.unwrap_or_else(|| {
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
         });
@@ -97,6 +99,7 @@ impl Handlers {
             seed,
             max_new_tokens,
             stop_tokens: params.stop_token_ids.clone(),
+            stop_strings,
         };
         Ok((job, request.return_model_logprobs))
     }

@@ -12,6 +12,7 @@ pub mod engine;
 pub mod error;
 pub mod handlers;
 pub mod metrics;
+pub mod stop;
 
 use std::future::Future;
 use std::net::SocketAddr;

@@ -125,6 +125,33 @@ async fn greedy_answer_batching_and_seeds() -> Result<()> {
     Ok(())
 }
 
+/// A stop string ends the generation at the token that completes it: the
+/// tokens are the plain answer's, cut there, and their text ends with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_strings_end_generation_at_the_completing_token() -> Result<()> {
+    let Some(server) = start(&[]).await? else { return Ok(()) };
+    let mut policy = client(&server).await?;
+    let tokenizer = tokenizers::Tokenizer::from_file(model().context("model")?.join("tokenizer.json"))
+        .map_err(anyhow::Error::msg)?;
+    let mut stopped = request(&PROMPT, 0.0, 0, 24);
+    stopped.sampling.as_mut().context("sampling")?.stop = vec!["Paris".into(), "France".into()];
+    let answer = policy.generate(stopped).await?.into_inner();
+    assert_eq!(answer.finish_reason, pb::FinishReason::Stop as i32);
+    assert!(answer.token_ids.len() < ANSWER.len() && ANSWER.starts_with(&answer.token_ids), "{:?}", answer.token_ids);
+    let text = tokenizer.decode(&answer.token_ids, true).map_err(anyhow::Error::msg)?;
+    assert!(text.ends_with("France"), "{text:?}");
+    let shorter =
+        tokenizer.decode(&answer.token_ids[..answer.token_ids.len() - 1], true).map_err(anyhow::Error::msg)?;
+    assert!(!shorter.contains("France"), "no token past the stop: {shorter:?}");
+
+    let mut empty = request(&PROMPT, 0.0, 0, 24);
+    empty.sampling.as_mut().context("sampling")?.stop = vec!["ok".into(), String::new()];
+    let status = policy.generate(empty).await.unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert!(status.message().contains("sampling.stop[1]"), "{}", status.message());
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_is_invalid_argument_naming_the_field() -> Result<()> {
     let Some(server) = start(&[]).await? else { return Ok(()) };
