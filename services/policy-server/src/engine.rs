@@ -130,13 +130,12 @@ impl Engine {
     pub fn start(dir: PathBuf, device: Device, kind: Kind, limits: Limits) -> Result<Self, Error> {
         let config = Config::from_file(&dir.join("config.json"))?;
         let tokenizer_file = dir.join("tokenizer.json");
-        let tokenizer = match tokenizer_file.is_file() {
-            true => Some(Arc::new(
-                Tokenizer::from_file(&tokenizer_file)
-                    .map_err(|e| Error::InvalidArgument(format!("{}: {e}", tokenizer_file.display())))?,
-            )),
-            false => None,
-        };
+        let tokenizer = tokenizer_file
+            .is_file()
+            .then(|| Tokenizer::from_file(&tokenizer_file))
+            .transpose()
+            .map_err(|e| Error::InvalidArgument(format!("{}: {e}", tokenizer_file.display())))?
+            .map(Arc::new);
         let (commands, receiver) = mpsc::unbounded_channel();
         let (loaded, ready) = std::sync::mpsc::sync_channel(1);
         let thread_config = config.clone();
