@@ -70,20 +70,23 @@ pub fn import_hf_dir(
     dtype: OutputDtype,
     progress: &mut dyn FnMut(usize, usize, &str),
 ) -> Result<ImportSummary, GgufError> {
-    let output_error =
-        |reason: String| GgufError::Io { path: out.display().to_string(), source: std::io::Error::other(reason) };
     if out.exists() {
-        return Err(output_error("already exists; remove it or choose another directory".into()));
+        let reason = "already exists; remove it or choose another directory";
+        return Err(GgufError::Io { path: out.display().to_string(), source: std::io::Error::other(reason) });
     }
     let file = GgufFile::open(gguf)?;
     let (arch, arch_name) = Arch::parse(&file)?;
     let key = |name: &str| format!("{arch_name}.{name}");
 
+    if file.get(&key("rope.scaling.type")).is_some() {
+        return Err(file.metadata_error(&key("rope.scaling.type"), "rope scaling is not supported yet".into()));
+    }
     let heads = file.require_u64(&key("attention.head_count"))?;
     let hidden = file.require_u64(&key("embedding_length"))?;
     let kv_heads = file.optional_u64(&key("attention.head_count_kv"))?.unwrap_or(heads);
     let head_dim = file.optional_u64(&key("attention.key_length"))?.unwrap_or(hidden / heads.max(1));
     let context_length = file.require_u64(&key("context_length"))?;
+    let rope_theta = file.optional_f64(&key("rope.freq_base"))?.unwrap_or(10_000.0);
     let tokenizer = tokenizer::build(&file, context_length)?;
 
     let plan = file
@@ -113,18 +116,12 @@ pub fn import_hf_dir(
         "max_position_embeddings": context_length,
         "rms_norm_eps": file.optional_f64(&key("attention.layer_norm_rms_epsilon"))?.unwrap_or(1e-6),
         // Both spellings: transformers < 5 reads the first, >= 5 the second.
-        "rope_theta": file.optional_f64(&key("rope.freq_base"))?.unwrap_or(10_000.0),
-        "rope_parameters": {
-            "rope_theta": file.optional_f64(&key("rope.freq_base"))?.unwrap_or(10_000.0),
-            "rope_type": "default",
-        },
+        "rope_theta": rope_theta,
+        "rope_parameters": { "rope_theta": rope_theta, "rope_type": "default" },
         "tie_word_embeddings": tied,
         "attention_bias": arch == Arch::Qwen2,
         "torch_dtype": match dtype { Dtype::F32 => "float32", Dtype::Bf16 => "bfloat16" },
     });
-    if file.get(&key("rope.scaling.type")).is_some() {
-        return Err(file.metadata_error(&key("rope.scaling.type"), "rope scaling is not supported yet".into()));
-    }
     for (name, meta) in [
         ("bos_token_id", "tokenizer.ggml.bos_token_id"),
         ("eos_token_id", "tokenizer.ggml.eos_token_id"),

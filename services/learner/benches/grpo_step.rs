@@ -45,7 +45,7 @@ fn main() -> Result<()> {
     load_weights(&mut vars, &model_dir)?;
     let trainer_config = TrainerConfig {
         objective: Objective::Rl(LossConfig {
-            policy: PolicyLoss::Ppo { clip_low: 0.2, clip_high: 0.28, dual_clip: Some(3.0) },
+            policy: PolicyLoss::PPO,
             aggregation: Aggregation::TokenMean,
             tis_cap: None,
             kl_coef: 0.0,

@@ -31,13 +31,19 @@ pub enum PolicyLoss {
     ImportanceSampling,
 }
 
+impl PolicyLoss {
+    /// PPO with the learner's default clips: 0.2 below, 0.28 above (DAPO's
+    /// clip-higher), dual clip 3.
+    pub const PPO: Self = Self::Ppo { clip_low: 0.2, clip_high: 0.28, dual_clip: Some(3.0) };
+}
+
 impl FromStr for PolicyLoss {
     type Err = String;
 
     /// `ppo` (clip 0.2/0.28, dual clip 3), `cispo` (weight cap 5) or `importance_sampling`.
     fn from_str(name: &str) -> Result<Self, String> {
         match name {
-            "" | "ppo" => Ok(Self::Ppo { clip_low: 0.2, clip_high: 0.28, dual_clip: Some(3.0) }),
+            "" | "ppo" => Ok(Self::PPO),
             "cispo" => Ok(Self::Cispo { max_weight: 5.0 }),
             "importance_sampling" => Ok(Self::ImportanceSampling),
             other => Err(format!("loss {other:?} is not one of ppo, cispo, importance_sampling")),

@@ -78,7 +78,7 @@ fn grpo_raises_the_reward_of_a_tiny_policy() -> Result<()> {
     });
     let trainer_config = TrainerConfig {
         objective: Objective::Rl(LossConfig {
-            policy: PolicyLoss::Ppo { clip_low: 0.2, clip_high: 0.28, dual_clip: Some(3.0) },
+            policy: PolicyLoss::PPO,
             aggregation: Aggregation::TokenMean,
             tis_cap: None,
             kl_coef: 0.0,

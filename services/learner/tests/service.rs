@@ -207,6 +207,45 @@ fn greedy(max_new_tokens: u32) -> sleuth_proto::policy::v1::GenerateRequest {
     }
 }
 
+/// Runs an in-process learner for one step of 2 groups on `run`, then returns.
+async fn train_one_step(
+    run: &str,
+    model: &str,
+    redis_url: &str,
+    database: &str,
+    checkpoint_uri: &str,
+    extra: &[&str],
+) -> Result<()> {
+    let mut args = vec![
+        "learner",
+        "--listen",
+        "127.0.0.1:0",
+        "--run-id",
+        run,
+        "--device",
+        "cpu",
+        "--model",
+        model,
+        "--redis-url",
+        redis_url,
+        "--database-url",
+        database,
+        "--checkpoint-uri",
+        checkpoint_uri,
+        "--global-batch-size",
+        "2",
+        "--max-steps",
+        "1",
+        "--learning-rate",
+        "0.05",
+    ];
+    args.extend_from_slice(extra);
+    let config = <learner::Config as clap::Parser>::try_parse_from(args)?;
+    let listener = tokio::net::TcpListener::bind(config.listen).await?;
+    tokio::time::timeout(Duration::from_secs(120), learner::run(config, listener, std::future::pending())).await??;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn published_weights_change_the_policy_server() -> Result<()> {
     use sleuth_proto::policy::v1::GetModelInfoRequest;
@@ -235,33 +274,9 @@ async fn published_weights_change_the_policy_server() -> Result<()> {
     }
     let checkpoints = scratch.path().join("checkpoints");
     let database = format!("sqlite://{}", scratch.path().join("runs.db").display());
-    let config = <learner::Config as clap::Parser>::try_parse_from([
-        "learner",
-        "--listen",
-        "127.0.0.1:0",
-        "--run-id",
-        "publish",
-        "--device",
-        "cpu",
-        "--model",
-        &model,
-        "--redis-url",
-        &redis_url,
-        "--database-url",
-        &database,
-        "--checkpoint-uri",
-        checkpoints.to_str().context("utf-8")?,
-        "--global-batch-size",
-        "2",
-        "--max-steps",
-        "1",
-        "--learning-rate",
-        "0.05",
-        "--policy-servers",
-        &policy_addr,
-    ])?;
-    let listener = tokio::net::TcpListener::bind(config.listen).await?;
-    tokio::time::timeout(Duration::from_secs(120), learner::run(config, listener, std::future::pending())).await??;
+    let checkpoint_uri = checkpoints.to_str().context("utf-8")?;
+    train_one_step("publish", &model, &redis_url, &database, checkpoint_uri, &["--policy-servers", &policy_addr])
+        .await?;
 
     let info = policy.get_model_info(GetModelInfoRequest {}).await?.into_inner();
     assert_eq!(info.policy_version, 1, "the server serves the learner's step-1 weights");
@@ -302,33 +317,7 @@ async fn checkpoints_go_to_s3_and_the_policy_server_loads_them_from_there() -> R
         publish(&redis, "s3-run", &group(i, false).encode_to_vec()).await?;
     }
     let database = format!("sqlite://{}", scratch.path().join("runs.db").display());
-    let config = <learner::Config as clap::Parser>::try_parse_from([
-        "learner",
-        "--listen",
-        "127.0.0.1:0",
-        "--run-id",
-        "s3-run",
-        "--device",
-        "cpu",
-        "--model",
-        &model,
-        "--redis-url",
-        &redis_url,
-        "--database-url",
-        &database,
-        "--checkpoint-uri",
-        "s3://runs/s3-run",
-        "--s3-endpoint",
-        &endpoint,
-        "--global-batch-size",
-        "2",
-        "--max-steps",
-        "1",
-        "--learning-rate",
-        "0.05",
-    ])?;
-    let listener = tokio::net::TcpListener::bind(config.listen).await?;
-    tokio::time::timeout(Duration::from_secs(120), learner::run(config, listener, std::future::pending())).await??;
+    train_one_step("s3-run", &model, &redis_url, &database, "s3://runs/s3-run", &["--s3-endpoint", &endpoint]).await?;
     let store = sleuth_store::ObjectStore::open("s3://runs/s3-run", &s3)?;
     let keys = store.list("").await?;
     for key in [

@@ -63,7 +63,7 @@ fn train(dir: &Path, collective: Box<dyn Collective>) -> Result<(Vec<f32>, usize
     load_weights(&mut vars, dir)?;
     let trainer_config = TrainerConfig {
         objective: Objective::Rl(LossConfig {
-            policy: PolicyLoss::Ppo { clip_low: 0.2, clip_high: 0.28, dual_clip: Some(3.0) },
+            policy: PolicyLoss::PPO,
             aggregation: Aggregation::TokenMean,
             tis_cap: Some(2.0),
             kl_coef: 0.0,
