@@ -23,7 +23,7 @@ export PATH := $(VENV)/bin:$(SLEUTH_CACHE)/bin:$(PATH)
 TORCH_LIB = $(shell ls -d $(VENV)/lib/python3*/site-packages/torch/lib 2>/dev/null | head -n 1)
 export RUSTFLAGS = -C link-arg=-Wl,-rpath,$(TORCH_LIB)
 
-.PHONY: setup build test lint demo bench proto env clean-cache
+.PHONY: setup build test-fixtures test lint demo bench gpu-check proto env clean-cache
 
 setup:
 	@deploy/local/setup.sh
@@ -32,9 +32,16 @@ build: setup
 	@test -n "$(TORCH_LIB)" || { echo "libtorch not found under $(VENV); run make setup" >&2; exit 1; }
 	cargo build --workspace --all-targets
 
+# Fixtures too heavy to build inside a test (SciFact embedded for vector
+# search, the rollout tests' imprinted policies), built once per machine into
+# $(SLEUTH_CACHE) with progress, so a cold cache and a warm one give the same
+# verdicts. Needs ../shared/data (or SLEUTH_SHARED_DATA).
+test-fixtures: build
+	OMP_WAIT_POLICY=passive "$(CARGO_TARGET_DIR)/debug/sleuth-test-fixtures"
+
 # Tests run many libtorch processes on few cores: OpenMP threads that sleep
 # instead of spinning while they wait leave the cores to the other processes.
-test: build
+test: test-fixtures
 	OMP_WAIT_POLICY=passive cargo nextest run --workspace --profile ci
 
 lint: setup
@@ -44,8 +51,13 @@ lint: setup
 demo: build
 	@deploy/local/demo.sh
 
+# The CUDA paths (tch on CUDA, bf16 on GPU, learner ranks with CUDA tensors)
+# on a machine with an NVIDIA GPU; exits non-zero where there is none.
+gpu-check: build
+	@deploy/local/gpu-check.sh
+
 # Benchmarks against the named peers, in release mode; they print ratios.
-bench: setup
+bench: test-fixtures
 	cargo bench -p tool-gateway --bench retrieval
 	cargo bench -p policy-server --bench generation
 	cargo bench -p inference-gateway --bench overhead

@@ -111,10 +111,12 @@ fn listening_addr(line: &str) -> Option<String> {
 }
 
 /// Path of a workspace binary: test executables live in `target/<profile>/deps`,
-/// binaries one level up. `cargo build --workspace` must have built them.
+/// binaries (the fixtures builder among them) in `target/<profile>`.
+/// `cargo build --workspace` must have built them.
 pub fn binary(name: &str) -> Result<PathBuf> {
     let exe = std::env::current_exe()?;
-    let dir = exe.parent().and_then(|deps| deps.parent()).context("test executable has no parent directory")?;
+    let dir = exe.parent().context("executable has no parent directory")?;
+    let dir = if dir.ends_with("deps") { dir.parent().context("deps has no parent directory")? } else { dir };
     let path = dir.join(name);
     anyhow::ensure!(path.is_file(), "{} not built; run `make build` (cargo build --workspace)", path.display());
     Ok(path)

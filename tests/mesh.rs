@@ -41,6 +41,7 @@ fn start_mesh(redis_url: &str, token: &str, data: &std::path::Path) -> Result<BT
             ("SLEUTH_DRAIN_TIMEOUT", format!("{}s", DRAIN_TIMEOUT.as_secs())),
             ("SLEUTH_REDIS_URL", redis_url.to_owned()),
             ("SLEUTH_DEVICE", "cpu".to_owned()),
+            ("SLEUTH_DTYPE", "f32".to_owned()),
             ("SLEUTH_DATABASE_URL", format!("sqlite://{}", data.join("runs.db").display())),
         ];
         if name == "learner" {

@@ -270,6 +270,26 @@ fn venv() -> PathBuf {
     })
 }
 
+/// SciFact with every document embedded by all-MiniLM-L6-v2 (HNSW), as a
+/// tool-gateway index: a [`prepared_fixture`] (5,183 abstracts take minutes).
+pub const SCIFACT_VECTORS: &str = "test-indexes/scifact-vectors-v1";
+
+/// A fixture too heavy to build inside a test (an embedded collection, an
+/// imprinted policy), which `make test-fixtures` builds once per machine at
+/// `relative` under [`cache_dir`]. `marker` is a file inside it that is
+/// written last. Tests only look fixtures up: building one inside a test made
+/// its verdict depend on how warm the cache was (a cold machine's test ran
+/// past its timeout while embedding).
+pub fn prepared_fixture(relative: &str, marker: &str) -> Result<PathBuf> {
+    let dir = cache_dir()?.join(relative);
+    anyhow::ensure!(
+        dir.join(marker).is_file(),
+        "test fixture {} is missing; build it with `make test-fixtures` (make test does this first)",
+        dir.display()
+    );
+    Ok(dir)
+}
+
 /// Finds `name` on PATH, in the project venv or among the tools `make setup`
 /// installs beside it (`~/.cache/sleuth/bin`).
 pub fn find_tool(name: &str) -> Result<PathBuf> {

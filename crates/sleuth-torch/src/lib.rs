@@ -5,6 +5,10 @@
 //! and are checked here once, with errors that say what is available, instead
 //! of each service failing later inside libtorch.
 
+mod dtype;
+
+pub use dtype::{CpuFeatures, Dtype, DtypeSpec};
+
 use std::fmt;
 use std::str::FromStr;
 
@@ -14,6 +18,8 @@ use tch::{Device, Kind, Tensor};
 pub enum TorchError {
     #[error("device must be auto, cpu, cuda or cuda:N, got {0:?}")]
     BadDevice(String),
+    #[error("dtype must be auto, f32 or bf16, got {0:?}")]
+    BadDtype(String),
     #[error("device {requested} requested but {available}")]
     Unavailable { requested: DeviceSpec, available: String },
     #[error("libtorch check on {device:?} failed: {message}")]
@@ -23,7 +29,9 @@ pub enum TorchError {
 impl sleuth_kit::ServiceError for TorchError {
     fn kind(&self) -> sleuth_kit::ErrorKind {
         match self {
-            TorchError::BadDevice(_) | TorchError::Unavailable { .. } => sleuth_kit::ErrorKind::InvalidArgument,
+            TorchError::BadDevice(_) | TorchError::BadDtype(_) | TorchError::Unavailable { .. } => {
+                sleuth_kit::ErrorKind::InvalidArgument
+            }
             TorchError::Check { .. } => sleuth_kit::ErrorKind::Internal,
         }
     }

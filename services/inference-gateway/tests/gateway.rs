@@ -69,8 +69,10 @@ async fn turns_are_recorded_token_for_token_and_survive_a_restart() -> Result<()
     let model = model.to_str().context("utf-8 path")?.to_owned();
     let redis = sleuth_testkit::redis()?;
     let redis_url = sleuth_testkit::redis_url(&redis);
-    let (policy_addr, _policy) =
-        start!(policy_server, ["policy-server", "--listen", "127.0.0.1:0", "--device", "cpu", "--model", &model]);
+    let (policy_addr, _policy) = start!(
+        policy_server,
+        ["policy-server", "--listen", "127.0.0.1:0", "--device", "cpu", "--dtype", "f32", "--model", &model]
+    );
     let (gateway_addr, gateway_stop) =
         start!(inference_gateway, gateway_args(&model, &redis_url, &policy_addr, "127.0.0.1:0", &[]));
     serving(&gateway_addr, "sleuth.inference.v1.InferenceGateway").await?;
@@ -175,8 +177,10 @@ async fn the_openai_endpoint_runs_the_same_turns() -> Result<()> {
     let model = model.to_str().context("utf-8 path")?.to_owned();
     let redis = sleuth_testkit::redis()?;
     let redis_url = sleuth_testkit::redis_url(&redis);
-    let (policy_addr, _policy) =
-        start!(policy_server, ["policy-server", "--listen", "127.0.0.1:0", "--device", "cpu", "--model", &model]);
+    let (policy_addr, _policy) = start!(
+        policy_server,
+        ["policy-server", "--listen", "127.0.0.1:0", "--device", "cpu", "--dtype", "f32", "--model", &model]
+    );
     let http = format!("127.0.0.1:{}", sleuth_testkit::free_port()?);
     let (gateway_addr, _gateway) = start!(
         inference_gateway,
@@ -251,10 +255,14 @@ async fn episodes_stick_to_a_replica_and_fail_over_when_it_dies() -> Result<()> 
     let model = model.to_str().context("utf-8 path")?.to_owned();
     let redis = sleuth_testkit::redis()?;
     let redis_url = sleuth_testkit::redis_url(&redis);
-    let (first_addr, first_stop) =
-        start!(policy_server, ["policy-server", "--listen", "127.0.0.1:0", "--device", "cpu", "--model", &model]);
-    let (second_addr, _second) =
-        start!(policy_server, ["policy-server", "--listen", "127.0.0.1:0", "--device", "cpu", "--model", &model]);
+    let (first_addr, first_stop) = start!(
+        policy_server,
+        ["policy-server", "--listen", "127.0.0.1:0", "--device", "cpu", "--dtype", "f32", "--model", &model]
+    );
+    let (second_addr, _second) = start!(
+        policy_server,
+        ["policy-server", "--listen", "127.0.0.1:0", "--device", "cpu", "--dtype", "f32", "--model", &model]
+    );
     let replicas = format!("{first_addr},{second_addr}");
     let (gateway_addr, _gateway) =
         start!(inference_gateway, gateway_args(&model, &redis_url, &replicas, "127.0.0.1:0", &[]));
@@ -296,8 +304,10 @@ async fn the_official_openai_client_runs_a_tool_calling_round_trip() -> Result<(
     let model = model.to_str().context("utf-8 path")?.to_owned();
     let redis = sleuth_testkit::redis()?;
     let redis_url = sleuth_testkit::redis_url(&redis);
-    let (policy_addr, _policy) =
-        start!(policy_server, ["policy-server", "--listen", "127.0.0.1:0", "--device", "cpu", "--model", &model]);
+    let (policy_addr, _policy) = start!(
+        policy_server,
+        ["policy-server", "--listen", "127.0.0.1:0", "--device", "cpu", "--dtype", "f32", "--model", &model]
+    );
     let http = format!("127.0.0.1:{}", sleuth_testkit::free_port()?);
     let (gateway_addr, _gateway) = start!(
         inference_gateway,
@@ -344,8 +354,10 @@ async fn a_five_turn_tool_episode_is_traced_exactly() -> Result<()> {
     let model = model.to_str().context("utf-8 path")?.to_owned();
     let redis = sleuth_testkit::redis()?;
     let redis_url = sleuth_testkit::redis_url(&redis);
-    let (policy_addr, _policy) =
-        start!(policy_server, ["policy-server", "--listen", "127.0.0.1:0", "--device", "cpu", "--model", &model]);
+    let (policy_addr, _policy) = start!(
+        policy_server,
+        ["policy-server", "--listen", "127.0.0.1:0", "--device", "cpu", "--dtype", "f32", "--model", &model]
+    );
     let (gateway_addr, _gateway) =
         start!(inference_gateway, gateway_args(&model, &redis_url, &policy_addr, "127.0.0.1:0", &[]));
     serving(&gateway_addr, "sleuth.inference.v1.InferenceGateway").await?;

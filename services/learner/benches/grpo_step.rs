@@ -77,6 +77,7 @@ fn main() -> Result<()> {
         "one GRPO step (PPO loss, AdamW, grad clip), SmolLM2-135M f32, CPU ({} threads), {SEQUENCES} sequences, {tokens} tokens",
         tch::get_num_threads()
     );
+    println!("CPU: {}", sleuth_torch::CpuFeatures::detect());
     println!("{:>28} {:>12} {:>12}", "", "s/step", "tokens/s");
     println!("{:>28} {ours:>12.2} {:>12.1}", "sleuth learner", tokens as f64 / ours);
     println!("{:>28} {theirs:>12.2} {:>12.1}", "pytorch + transformers", tokens as f64 / theirs);

@@ -20,12 +20,77 @@ use crate::trainer::{Objective, Trainer, TrainerConfig};
 
 /// Everyday words the noise is drawn from: the conversations a test agent
 /// has are questions and search results in plain English.
-const WORDS: [&str; 64] = [
-    "why", "does", "it", "what", "is", "the", "a", "of", "in", "and", "to", "how", "when", "are", "do", "from", "rain",
-    "snow", "wind", "fog", "hail", "cloud", "clouds", "water", "air", "ice", "cold", "storm", "ground", "forms",
-    "fall", "grow", "heavy", "tiny", "droplets", "crystals", "pressure", "level", "moving", "high", "low", "vitamin",
-    "protein", "cells", "gene", "virus", "heart", "brain", "sleep", "energy", "light", "ocean", "soil", "study",
-    "effect", "risk", "patients", "results", "1.", "2.", "3.", "[doc]", "score", "(0.53)",
+const WORDS: [&str; 70] = [
+    "made",
+    "makes",
+    "blow",
+    "falls",
+    "snowflakes",
+    "hailstones",
+    "why",
+    "does",
+    "it",
+    "what",
+    "is",
+    "the",
+    "a",
+    "of",
+    "in",
+    "and",
+    "to",
+    "how",
+    "when",
+    "are",
+    "do",
+    "from",
+    "rain",
+    "snow",
+    "wind",
+    "fog",
+    "hail",
+    "cloud",
+    "clouds",
+    "water",
+    "air",
+    "ice",
+    "cold",
+    "storm",
+    "ground",
+    "forms",
+    "fall",
+    "grow",
+    "heavy",
+    "tiny",
+    "droplets",
+    "crystals",
+    "pressure",
+    "level",
+    "moving",
+    "high",
+    "low",
+    "vitamin",
+    "protein",
+    "cells",
+    "gene",
+    "virus",
+    "heart",
+    "brain",
+    "sleep",
+    "energy",
+    "light",
+    "ocean",
+    "soil",
+    "study",
+    "effect",
+    "risk",
+    "patients",
+    "results",
+    "1.",
+    "2.",
+    "3.",
+    "[doc]",
+    "score",
+    "(0.53)",
 ];
 
 /// `words` random words: content the model must learn to ignore.
@@ -121,19 +186,24 @@ pub fn imprint(tokenizer_dir: &Path, out: &Path, spec: &Imprint) -> Result<f64, 
     };
     let mut trainer = Trainer::new(vars, model, None, trainer_config, Box::new(Single));
     // Greedy decoding of unseen conversations (with and without an earlier
-    // turn) must give the reply exactly: checked every few steps, the stop criterion.
+    // turn) must give the reply exactly: checked every few steps, the stop
+    // criterion. Sixteen of them: with six, a policy that garbled its reply
+    // when the question shared a word with it ("what is fog made of") passed.
+    // One teacher-forced pass per conversation: greedy decoding reproduces
+    // the reply exactly iff every position's argmax is the reply's next token
+    // (decoding token by token cost 30x the forward passes).
     let replies_exactly = |trainer: &Trainer, seed: &mut u64| -> Result<Option<String>, String> {
-        for i in 0..6 {
+        for i in 0..16 {
             let (_, prompt, expected) = conversation(seed, i)?;
-            let mut sequence = prompt.clone();
-            tch::no_grad(|| {
-                while sequence.len() < prompt.len() + expected.len() {
-                    let logits = trainer.model.forward(&tch::Tensor::from_slice(&sequence).unsqueeze(0), None);
-                    sequence.push(logits.get(0).get(-1).argmax(-1, false).int64_value(&[]));
-                }
-            });
-            if sequence[prompt.len()..] != expected[..] {
-                let got: Vec<u32> = sequence[prompt.len()..].iter().map(|&t| t as u32).collect();
+            let sequence = [prompt.as_slice(), &expected[..expected.len() - 1]].concat();
+            let predicted: Vec<i64> = tch::no_grad(|| {
+                let logits = trainer.model.forward(&tch::Tensor::from_slice(&sequence).unsqueeze(0), None);
+                let next = logits.get(0).narrow(0, prompt.len() as i64 - 1, expected.len() as i64).argmax(-1, false);
+                Vec::<i64>::try_from(&next)
+            })
+            .map_err(|e| fail(&e))?;
+            if predicted != expected {
+                let got: Vec<u32> = predicted.iter().map(|&t| t as u32).collect();
                 return Ok(Some(tokenizer.decode(&got, false).unwrap_or_default()));
             }
         }

@@ -161,6 +161,13 @@ async fn main() -> Result<()> {
         "SmolLM2-135M-Instruct, CPU ({} threads), greedy, {NEW_TOKENS} new tokens per sequence; tokens/s",
         tch::get_num_threads()
     );
+    // bf16 is fast only with native bf16 arithmetic; the figures mean little without this line.
+    let cpu = sleuth_torch::CpuFeatures::detect();
+    println!(
+        "CPU: {cpu} (native bf16: {}; `--dtype auto` picks {:?})",
+        cpu.native_bf16(),
+        sleuth_torch::DtypeSpec::Auto.resolve(tch::Device::Cpu).kind
+    );
     println!(
         "{:>22} {:>10} {:>10} {:>7} | {:>10} {:>10} {:>7} | {:>22}",
         "", "sleuth f32", "hf f32", "ratio", "sleuth bf16", "hf bf16", "ratio", "sleuth bf16 / hf f32"

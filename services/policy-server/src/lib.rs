@@ -50,9 +50,10 @@ pub struct Config {
     #[arg(long, env = "SLEUTH_DEVICE", default_value = "auto")]
     pub device: DeviceSpec,
 
-    /// Parameter dtype: f32 or bf16.
-    #[arg(long, env = "SLEUTH_DTYPE", default_value = "f32", value_parser = ["f32", "bf16"])]
-    pub dtype: String,
+    /// Parameter and compute dtype: auto (bf16 where the device computes it
+    /// natively: CUDA, CPUs with AVX512-BF16 or AMX; f32 elsewhere), f32 or bf16.
+    #[arg(long, env = "SLEUTH_DTYPE", default_value = "auto")]
+    pub dtype: sleuth_torch::DtypeSpec,
 
     /// libtorch intra-op threads (0: OMP_NUM_THREADS when set, else the CPUs
     /// this process may use, a pod's CPU limit included).
@@ -112,7 +113,9 @@ pub async fn run(
 ) -> Result<(), Error> {
     let device = config.device.resolve()?;
     let dir = model_dir(&config)?;
-    let kind = if config.dtype == "bf16" { tch::Kind::BFloat16 } else { tch::Kind::Float };
+    let dtype = config.dtype.resolve(device);
+    tracing::info!(dtype = ?dtype.kind, requested = %config.dtype, reason = %dtype.reason, "compute dtype");
+    let kind = dtype.kind;
     let limits = Limits {
         max_batch: config.max_batch as usize,
         kv_budget_tokens: config.kv_budget_tokens as usize,

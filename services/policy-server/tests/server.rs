@@ -39,10 +39,25 @@ struct Server {
     _stop: tokio::sync::oneshot::Sender<()>,
 }
 
+/// SmolLM2 on the CPU in f32 (the dtype is pinned: `auto` would pick bf16 on
+/// CPUs with AVX512-BF16 and change these tests' exact figures).
 async fn start(extra: &[&str]) -> Result<Option<Server>> {
+    start_on("cpu", "f32", extra).await
+}
+
+async fn start_on(device: &str, dtype: &str, extra: &[&str]) -> Result<Option<Server>> {
     let Some(dir) = model() else { return Ok(None) };
-    let mut args =
-        vec!["policy-server", "--listen", "127.0.0.1:0", "--device", "cpu", "--model", dir.to_str().context("utf-8")?];
+    let mut args = vec![
+        "policy-server",
+        "--listen",
+        "127.0.0.1:0",
+        "--device",
+        device,
+        "--dtype",
+        dtype,
+        "--model",
+        dir.to_str().context("utf-8")?,
+    ];
     args.extend_from_slice(extra);
     let config = policy_server::Config::try_parse_from(args)?;
     let listener = tokio::net::TcpListener::bind(config.listen).await?;
@@ -346,5 +361,37 @@ async fn metrics_count_tokens_and_prefix_hits() -> Result<()> {
     assert!(metric(&text, "sleuth_policy_cached_prompt_tokens_total") >= 44.0, "{text}");
     assert!(metric(&text, "sleuth_policy_prompt_tokens_total") >= (PROMPT.len() + second_turn().len()) as f64);
     assert!(text.contains("sleuth_policy_decode_step_seconds_bucket"));
+    Ok(())
+}
+
+/// `make gpu-check`: SmolLM2 served on CUDA answers like the CPU. In f32 the
+/// greedy tokens are the same and the model logprobs agree to 1e-3 (cuBLAS
+/// sums in another order); in bf16 the answer still names Paris and the
+/// logprobs stay within bf16's rounding of the CPU's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a CUDA GPU; run by `make gpu-check`"]
+async fn gpu_generation_with_logprobs_matches_the_cpu() -> Result<()> {
+    let cpu = start_on("cpu", "f32", &[]).await?.context("SmolLM2 missing; run `make setup`")?;
+    let expected = client(&cpu).await?.generate(request(&PROMPT, 0.0, 0, 24)).await?.into_inner();
+    assert_eq!(expected.token_ids, ANSWER);
+    for (dtype, bound) in [("f32", 1e-3f32), ("bf16", 0.15)] {
+        let gpu = start_on("cuda", dtype, &[]).await?.context("SmolLM2 missing")?;
+        let mut policy = client(&gpu).await?;
+        let info = policy.get_model_info(pb::GetModelInfoRequest {}).await?.into_inner();
+        assert_eq!(info.device, "cuda:0", "{info:?}");
+        let answer = policy.generate(request(&PROMPT, 0.0, 0, 24)).await?.into_inner();
+        if dtype == "f32" {
+            assert_eq!(answer.token_ids, expected.token_ids, "f32 on CUDA: greedy tokens");
+        } else {
+            assert_eq!(answer.token_ids.first(), expected.token_ids.first(), "bf16 on CUDA: first token");
+        }
+        for (index, (a, b)) in answer.model_logprobs.iter().zip(&expected.model_logprobs).enumerate() {
+            if answer.token_ids[..=index] != expected.token_ids[..=index] {
+                break; // the sequences diverged; later logprobs condition on other tokens
+            }
+            assert!((a - b).abs() < bound, "{dtype} on CUDA, token {index}: logprob {a} vs the CPU's {b}");
+        }
+        println!("{dtype} on CUDA: {:?} (CPU: {:?})", answer.token_ids, expected.token_ids);
+    }
     Ok(())
 }

@@ -66,23 +66,13 @@ async fn client(gateway: &Gateway) -> Result<ToolGatewayClient<MeshChannel>> {
     Ok(ToolGatewayClient::new(connect(&gateway.addr, None, Duration::from_secs(5)).await?))
 }
 
-/// Indexes SciFact (from `source`) into `out` with default BM25 settings, embedding it when asked.
-fn index_scifact(
-    source: &std::path::Path,
-    out: &std::path::Path,
-    vectors: Option<(&tool_gateway::embed::Encoder, tool_gateway::vectors::VectorSearch)>,
-) -> Result<()> {
-    let bm25 = tool_gateway::bm25::Bm25Options::default();
-    let beir = sleuth_beir::BeirDir::new(source);
-    tool_gateway::index::build(&beir, out, "scifact", &bm25, sleuth_beir::BadLines::Fail, vectors, &mut |_| {})?;
-    Ok(())
-}
-
 /// SciFact indexed for BM25 into a temporary directory (seconds).
 fn scifact_index(dir: &std::path::Path) -> Result<Option<String>> {
     let Some(source) = sleuth_testkit::beir_collection("scifact")? else { return Ok(None) };
     let out = dir.join("scifact-index");
-    index_scifact(&source, &out, None)?;
+    let bm25 = tool_gateway::bm25::Bm25Options::default();
+    let beir = sleuth_beir::BeirDir::new(&source);
+    tool_gateway::index::build(&beir, &out, "scifact", &bm25, sleuth_beir::BadLines::Fail, None, &mut |_| {})?;
     Ok(Some(out.display().to_string()))
 }
 
@@ -195,32 +185,11 @@ async fn serves_tools_over_scifact_with_clear_errors_and_under_concurrency() -> 
     Ok(())
 }
 
-/// SciFact with document embeddings (HNSW), built once per machine under
-/// `~/.cache/sleuth/test-indexes`: embedding 5,183 abstracts takes minutes on a CPU.
-fn cached_scifact_with_vectors() -> Result<Option<(std::path::PathBuf, std::path::PathBuf)>> {
-    let Some(source) = sleuth_testkit::beir_collection("scifact")? else { return Ok(None) };
-    let Some(model) = tool_gateway::embed::default_model_dir() else {
-        eprintln!("SKIP: all-MiniLM-L6-v2 not installed; run `make setup`");
-        return Ok(None);
-    };
-    let cache = sleuth_testkit::cache_dir()?.join("test-indexes");
-    let dir = cache.join("scifact-vectors-v1");
-    if !dir.join("manifest.json").is_file() {
-        std::fs::create_dir_all(&cache)?;
-        let scratch = tempfile::Builder::new().prefix(".scifact-").tempdir_in(&cache)?;
-        let out = scratch.path().join("index");
-        let encoder = tool_gateway::embed::Encoder::load(&model, tch::Device::Cpu)?;
-        index_scifact(&source, &out, Some((&encoder, tool_gateway::vectors::VectorSearch::Hnsw)))?;
-        if std::fs::rename(&out, &dir).is_err() && !dir.join("manifest.json").is_file() {
-            anyhow::bail!("cannot move the SciFact test index into {}", dir.display());
-        }
-    }
-    Ok(Some((dir, source)))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn vector_search_on_scifact_matches_the_published_figure_and_is_served() -> Result<()> {
-    let Some((index, source)) = cached_scifact_with_vectors()? else { return Ok(()) };
+    // Embedding SciFact takes minutes: `make test-fixtures` does it once, before any test's clock starts.
+    let index = sleuth_testkit::prepared_fixture(sleuth_testkit::SCIFACT_VECTORS, "manifest.json")?;
+    let source = sleuth_testkit::beir_collection("scifact")?.context("SciFact is in ../shared/data")?;
     let collection = tool_gateway::collection::Collection::open(&index, index.display().to_string())?;
     let model = tool_gateway::embed::default_model_dir().context("model")?;
     let encoder = tool_gateway::embed::Encoder::load(&model, tch::Device::Cpu)?;
