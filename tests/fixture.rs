@@ -20,6 +20,9 @@ pub const SEARCH: &str = r#"<tool_call>[{"name": "bm25_search", "arguments": {"q
 pub const SUBMIT: &str =
     r#"<tool_call>[{"name": "submit_ranking", "arguments": {"doc_ids": ["rain", "fog"]}}]</tool_call>"#;
 
+/// A tool call the gateway cannot parse (its JSON is cut short).
+pub const MALFORMED: &str = r#"<tool_call>[{"name": "bm25_search", "arguments": {"query": </tool_call>"#;
+
 /// A five-document BEIR collection, indexed for BM25.
 pub fn weather(dir: &Path) -> Result<PathBuf> {
     let source = dir.join("weather");
@@ -52,30 +55,36 @@ pub fn weather(dir: &Path) -> Result<PathBuf> {
     }
     std::fs::write(source.join("qrels/test.tsv"), qrels)?;
     let index = dir.join("weather-index");
+    index_collection(&source, &index, "weather", false)?;
+    Ok(index)
+}
+
+/// Indexes the BEIR collection at `source` into `out` as `sleuth`'s
+/// `tool-gateway index` command does (BM25; document vectors with `vectors`).
+pub fn index_collection(source: &Path, out: &Path, name: &str, vectors: bool) -> Result<()> {
     #[derive(clap::Parser)]
     struct Index {
         #[command(flatten)]
         args: tool_gateway::offline::IndexArgs,
     }
-    let index_cli = <Index as clap::Parser>::try_parse_from([
-        "index".as_ref(),
-        "--source".as_ref(),
-        source.as_os_str(),
-        "--out".as_ref(),
-        index.as_os_str(),
-        "--name".as_ref(),
-        "weather".as_ref(),
-    ])?;
-    tool_gateway::offline::index(index_cli.args)?;
-    Ok(index)
+    let mut args: Vec<&std::ffi::OsStr> =
+        vec!["index".as_ref(), "--source".as_ref(), source.as_os_str(), "--out".as_ref(), out.as_os_str()];
+    args.extend([std::ffi::OsStr::new("--name"), name.as_ref()]);
+    if vectors {
+        args.push("--vectors".as_ref());
+    }
+    tool_gateway::offline::index(<Index as clap::Parser>::try_parse_from(args)?.args)?;
+    Ok(())
 }
 
-pub fn smollm2() -> Option<PathBuf> {
-    let dir = sleuth_testkit::cache_dir().ok()?.join("models/smollm2-135m-instruct");
-    dir.join("tokenizer.json").is_file().then_some(dir).or_else(|| {
-        eprintln!("SKIP: SmolLM2 not imported; run `make setup`");
-        None
-    })
+fn smollm2() -> Result<PathBuf> {
+    let dir = sleuth_testkit::cache_dir()?.join("models/smollm2-135m-instruct");
+    anyhow::ensure!(
+        dir.join("tokenizer.json").is_file(),
+        "SmolLM2 is not imported into {}; run `make setup`",
+        dir.display()
+    );
+    Ok(dir)
 }
 
 /// The tools the agent offers on the weather collection, as the template sees them.
@@ -95,34 +104,41 @@ pub async fn agent_tools(tools: &ServiceProcess) -> Result<Vec<serde_json::Value
         .collect()
 }
 
-/// A policy imprinted with `reply` for the agent's prompt and `tools`, cached
-/// in the sleuth cache: imprinting takes a while on two cores and the result
-/// depends only on its inputs.
-pub fn imprinted(smollm2: &Path, reply: &str, tools: &[serde_json::Value]) -> Result<PathBuf> {
+/// Where the policy imprinted with `reply` for the agent's prompt and `tools`
+/// lives, relative to the sleuth cache: the result depends only on these.
+fn imprint_path(reply: &str, tools: &[serde_json::Value]) -> String {
     let mut hash = 0xcbf2_9ce4_8422_2325u64;
     let key = format!("{reply}\n{}\n{}", agent::prompt::SYSTEM_PROMPT, serde_json::Value::from(tools.to_vec()));
     for byte in key.bytes() {
         hash = (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
     }
-    let dir = sleuth_testkit::cache_dir()?.join(format!("test-models/imprint-v9-{hash:016x}"));
-    if !dir.join("model.safetensors").is_file() {
-        // Tests run in parallel processes: one imprints while the others wait
-        // on the lock, then find the model there.
-        let parent = dir.parent().context("cache dir")?;
-        std::fs::create_dir_all(parent)?;
-        let lock = std::fs::File::create(dir.with_extension("lock"))?;
-        lock.lock()?;
-        if dir.join("model.safetensors").is_file() {
-            return Ok(dir);
-        }
-        let scratch = tempfile::Builder::new().prefix(".imprint-").tempdir_in(parent)?;
-        let partial = scratch.path().join("model");
-        let spec = learner::imprint::Imprint { reply, system: agent::prompt::SYSTEM_PROMPT, tools, max_steps: 400 };
-        learner::imprint::imprint(smollm2, &partial, &spec).map_err(anyhow::Error::msg)?;
-        if std::fs::rename(&partial, &dir).is_err() && !dir.join("model.safetensors").is_file() {
-            anyhow::bail!("cannot move the imprinted model to {}", dir.display());
-        }
+    format!("test-models/imprint-v10-{hash:016x}")
+}
+
+/// The policy imprinted with `reply`, as `make test-fixtures` left it.
+pub fn imprinted(reply: &str, tools: &[serde_json::Value]) -> Result<PathBuf> {
+    sleuth_testkit::prepared_fixture(&imprint_path(reply, tools), "model.safetensors")
+}
+
+/// Imprints a policy with `reply` into the cache unless it is there (a few
+/// minutes on two cores). A file lock lets two builders share the cache.
+pub fn imprint_cached(smollm2: &Path, reply: &str, tools: &[serde_json::Value]) -> Result<PathBuf> {
+    let dir = sleuth_testkit::cache_dir()?.join(imprint_path(reply, tools));
+    if dir.join("model.safetensors").is_file() {
+        return Ok(dir);
     }
+    let parent = dir.parent().context("cache dir")?;
+    std::fs::create_dir_all(parent)?;
+    let lock = std::fs::File::create(dir.with_extension("lock"))?;
+    lock.lock()?;
+    if dir.join("model.safetensors").is_file() {
+        return Ok(dir);
+    }
+    let scratch = tempfile::Builder::new().prefix(".imprint-").tempdir_in(parent)?;
+    let partial = scratch.path().join("model");
+    let spec = learner::imprint::Imprint { reply, system: agent::prompt::SYSTEM_PROMPT, tools, max_steps: 400 };
+    learner::imprint::imprint(smollm2, &partial, &spec).map_err(anyhow::Error::msg)?;
+    std::fs::rename(&partial, &dir).with_context(|| format!("moving the imprinted model to {}", dir.display()))?;
     Ok(dir)
 }
 
@@ -134,6 +150,8 @@ pub struct Mesh {
     pub agents: Vec<ServiceProcess>,
     pub redis_url: String,
     _redis: sleuth_testkit::TestServer,
+    /// The policy's model directory (the learner starts from it).
+    pub model: PathBuf,
 }
 
 impl Mesh {
@@ -151,10 +169,11 @@ impl Mesh {
                 ("SLEUTH_INDEX_ROOT", index.display().to_string()),
             ],
         )?;
+        let model_dir = model.to_owned();
         let model = model.display().to_string();
         let policy = ServiceProcess::start(
             "policy-server",
-            &[("SLEUTH_MODEL", model.clone()), ("SLEUTH_DEVICE", "cpu".into())],
+            &[("SLEUTH_MODEL", model.clone()), ("SLEUTH_DEVICE", "cpu".into()), ("SLEUTH_DTYPE", "f32".into())],
         )?;
         let gateway = ServiceProcess::start(
             "inference-gateway",
@@ -173,7 +192,7 @@ impl Mesh {
                 )
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(Self { tools, policy, _gateway: gateway, agents, redis_url, _redis: redis })
+        Ok(Self { tools, policy, _gateway: gateway, agents, redis_url, _redis: redis, model: model_dir })
     }
 
     pub async fn client(&self) -> Result<AgentClient<MeshChannel>> {
@@ -197,6 +216,29 @@ impl Mesh {
         sleuth_testkit::service::wait_serving(&process.addr, "sleuth.rollout.v1.RolloutOrchestrator").await?;
         let client = OrchestratorClient::new(connect(&process.addr, None, Duration::from_secs(5)).await?);
         Ok((process, client))
+    }
+}
+
+impl Mesh {
+    /// A learner training `run` from this mesh's policy, with its training
+    /// settings from the run's spec on `orchestrator`, checkpointing under
+    /// `data`, publishing its weights to the mesh's policy server.
+    pub fn learner(&self, run: &str, data: &Path, orchestrator: &ServiceProcess) -> Result<ServiceProcess> {
+        ServiceProcess::start(
+            "learner",
+            &[
+                ("SLEUTH_RUN_ID", run.to_owned()),
+                ("SLEUTH_ORCHESTRATOR", orchestrator.addr.clone()),
+                ("SLEUTH_REDIS_URL", self.redis_url.clone()),
+                ("SLEUTH_DATABASE_URL", format!("sqlite://{}", data.join("learner.db").display())),
+                ("SLEUTH_CHECKPOINT_URI", data.join("checkpoints").display().to_string()),
+                ("SLEUTH_MODEL", self.model.display().to_string()),
+                ("SLEUTH_POLICY_SERVERS", self.policy.addr.clone()),
+                ("SLEUTH_DEVICE", "cpu".into()),
+                ("SLEUTH_DTYPE", "f32".into()),
+                ("SLEUTH_TORCH_THREADS", "1".into()),
+            ],
+        )
     }
 }
 
@@ -227,10 +269,9 @@ pub fn budget(max_turns: u32, per_turn: u32, episode: u32) -> AgentBudget {
     AgentBudget { max_turns, max_new_tokens_per_turn: per_turn, max_episode_tokens: episode, observation_char_cap: 300 }
 }
 
-/// The imprinted policies and the indexed collection every rollout test uses.
-pub async fn policies(scratch: &Path) -> Result<Option<(PathBuf, PathBuf, PathBuf)>> {
-    let Some(smollm2) = smollm2() else { return Ok(None) };
-    let index = weather(scratch)?;
+/// The tools the agent offers on the weather collection at `index`, read
+/// from a tool gateway started for the purpose.
+async fn weather_tools(index: &Path) -> Result<Vec<serde_json::Value>> {
     let tools_only = ServiceProcess::start(
         "tool-gateway",
         &[
@@ -238,9 +279,50 @@ pub async fn policies(scratch: &Path) -> Result<Option<(PathBuf, PathBuf, PathBu
             ("SLEUTH_INDEX_ROOT", index.display().to_string()),
         ],
     )?;
-    let tools = agent_tools(&tools_only).await?;
-    drop(tools_only);
-    Ok(Some((index, imprinted(&smollm2, SEARCH, &tools)?, imprinted(&smollm2, SUBMIT, &tools)?)))
+    agent_tools(&tools_only).await
+}
+
+/// The weather collection and the imprinted policies every rollout test uses.
+pub struct Policies {
+    pub index: PathBuf,
+    /// Always calls `bm25_search`.
+    pub searcher: PathBuf,
+    /// Always submits rain, fog.
+    pub submitter: PathBuf,
+    /// Always makes a tool call that cannot be parsed.
+    pub malformed: PathBuf,
+}
+
+const IMPRINTS: [(&str, &str); 3] = [("searcher", SEARCH), ("submitter", SUBMIT), ("malformed", MALFORMED)];
+
+/// The weather collection indexed under `scratch`, and the imprinted policies.
+pub async fn policies(scratch: &Path) -> Result<Policies> {
+    let index = weather(scratch)?;
+    let tools = weather_tools(&index).await?;
+    Ok(Policies {
+        searcher: imprinted(SEARCH, &tools)?,
+        submitter: imprinted(SUBMIT, &tools)?,
+        malformed: imprinted(MALFORMED, &tools)?,
+        index,
+    })
+}
+
+/// Builds the policies [`policies`] looks up, reporting each on stderr.
+pub async fn prepare_policies() -> Result<()> {
+    let smollm2 = smollm2()?;
+    let scratch = tempfile::tempdir()?;
+    let tools = weather_tools(&weather(scratch.path())?).await?;
+    for (name, reply) in IMPRINTS {
+        if let Ok(dir) = imprinted(reply, &tools) {
+            eprintln!("fixtures: imprinted {name} policy cached: {}", dir.display());
+            continue;
+        }
+        let started = std::time::Instant::now();
+        eprintln!("fixtures: imprinting the {name} policy (a few minutes on 2 cores) ...");
+        let dir = imprint_cached(&smollm2, reply, &tools)?;
+        eprintln!("fixtures: imprinted {name} policy in {:.0}s: {}", started.elapsed().as_secs_f64(), dir.display());
+    }
+    Ok(())
 }
 
 pub fn spec(

@@ -19,7 +19,7 @@ use sleuth_tests::fixture::*;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn budgets_and_failures_end_episodes_with_the_right_outcome() -> Result<()> {
     let scratch = tempfile::tempdir()?;
-    let Some((index, searcher, submitter)) = policies(scratch.path()).await? else { return Ok(()) };
+    let Policies { index, searcher, submitter, malformed } = policies(scratch.path()).await?;
 
     // A policy that submits at once: completed, with its ranking and trace.
     let mesh = Mesh::start(&submitter, &index)?;
@@ -32,6 +32,17 @@ async fn budgets_and_failures_end_episodes_with_the_right_outcome() -> Result<()
     let traced: u32 = trace.segments.iter().map(|s| s.token_ids.len() as u32).sum();
     assert_eq!(traced, done.total_tokens);
     assert!(done.generated_tokens > 10);
+    drop(mesh);
+
+    // A policy whose tool calls never parse: each gets an error observation
+    // and another turn, until the turn limit (not a "completed" empty answer).
+    let mesh = Mesh::start(&malformed, &index)?;
+    let mut agent = mesh.client().await?;
+    let broken = run(&mut agent, "malformed-1", budget(3, 64, 8192)).await?;
+    assert_eq!(broken.outcome(), EpisodeOutcome::TurnLimit, "{}", broken.outcome_detail);
+    assert_eq!(broken.turns, 3);
+    let errors = broken.messages.iter().filter(|m| m.role == "tool" && m.content == agent::episode::MALFORMED_CALL);
+    assert_eq!(errors.count(), 3, "{:?}", broken.messages);
     drop(mesh);
 
     // A policy that searches forever.
@@ -90,7 +101,7 @@ async fn budgets_and_failures_end_episodes_with_the_right_outcome() -> Result<()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runs_publish_every_group_once_within_concurrency_and_staleness() -> Result<()> {
     let scratch = tempfile::tempdir()?;
-    let Some((index, _searcher, submitter)) = policies(scratch.path()).await? else { return Ok(()) };
+    let Policies { index, submitter, .. } = policies(scratch.path()).await?;
     let mesh = Mesh::with_agents(&submitter, &index, 2)?;
     mesh.client().await?;
     let (orchestrator, mut client) = mesh.orchestrator(&scratch.path().join("runs.db")).await?;
@@ -136,8 +147,9 @@ async fn runs_publish_every_group_once_within_concurrency_and_staleness() -> Res
     assert_eq!(published(&held), 2, "no group may start more than max_staleness steps ahead of the learner");
     assert_eq!(stream_groups(&mesh.redis_url, "gated").await?.len(), 2);
 
+    // The learner takes the first step's groups: the next step's may start.
     for version in 1..=2 {
-        sleuth_store::trajectories::set_learner_version(&redis, "gated", version).await?;
+        sleuth_store::trajectories::set_groups_taken(&redis, "gated", 2 * version).await?;
         let target = 2 * (version + 1);
         loop {
             peak = peak.max(in_flight(&mesh.agents).await?);
@@ -160,7 +172,17 @@ async fn runs_publish_every_group_once_within_concurrency_and_staleness() -> Res
     assert_eq!(ids, ["e0-q1", "e0-q2", "e0-q3", "e0-q4", "e0-q5", "e0-q6"]);
     for group in &groups {
         assert_eq!(group.episodes.len(), 3);
-        assert!(group.episodes.iter().all(|e| e.outcome() == EpisodeOutcome::Completed && e.trace.is_some()));
+        for episode in &group.episodes {
+            assert_eq!(
+                episode.outcome(),
+                EpisodeOutcome::Completed,
+                "{}: {} {:?}",
+                episode.episode_id,
+                episode.outcome_detail,
+                episode.messages
+            );
+            assert!(episode.trace.is_some(), "{} has no trace", episode.episode_id);
+        }
     }
     let q1 = groups.iter().find(|g| g.group_id == "e0-q1").context("q1")?;
     // The submitter ranks rain then fog: q1's judgements (rain 2, fog 1) give nDCG 1.
@@ -191,10 +213,41 @@ async fn runs_publish_every_group_once_within_concurrency_and_staleness() -> Res
     Ok(())
 }
 
+/// Groups of one episode are always flat (no advantage to learn from): the
+/// learner drops every one. The run must still finish: the orchestrator's
+/// staleness window counts the groups the learner took, dropped ones too
+/// (it used to wait for a learner version that flat groups never produce).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flat_groups_never_stall_a_run() -> Result<()> {
+    let scratch = tempfile::tempdir()?;
+    let Policies { index, submitter, .. } = policies(scratch.path()).await?;
+    let mesh = Mesh::with_agents(&submitter, &index, 1)?;
+    mesh.client().await?;
+    let (orchestrator, mut client) = mesh.orchestrator(&scratch.path().join("runs.db")).await?;
+    client
+        .create_run(rollout::CreateRunRequest { spec: Some(spec(&index, 1, 2, 2, 0, 4)), run_id: "flat".into() })
+        .await?;
+    // The learner sizes its steps (2 groups) and staleness (0) from the spec.
+    let learner = mesh.learner("flat", scratch.path(), &orchestrator)?;
+    let succeeded = |run: &rollout::Run| run.status == rollout::RunStatus::Succeeded as i32;
+    let finished = wait_for(&mut client, "flat", Duration::from_secs(90), succeeded).await?;
+    assert_eq!(published(&finished), 6);
+    let redis = sleuth_store::RedisStore::open(&mesh.redis_url)?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while sleuth_store::trajectories::groups_taken(&redis, "flat").await? < 6 {
+        anyhow::ensure!(std::time::Instant::now() < deadline, "the learner never took all 6 flat groups");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(sleuth_store::trajectories::learner_version(&redis, "flat").await?, 0, "flat groups train nothing");
+    let log = learner.log();
+    assert!(log.contains("training settings from the run's spec") && log.contains("\"global_batch_size\":2"), "{log}");
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runs_survive_a_dead_worker_and_an_orchestrator_restart() -> Result<()> {
     let scratch = tempfile::tempdir()?;
-    let Some((index, searcher, _submitter)) = policies(scratch.path()).await? else { return Ok(()) };
+    let Policies { index, searcher, .. } = policies(scratch.path()).await?;
     let mut mesh = Mesh::with_agents(&searcher, &index, 2)?;
     mesh.client().await?;
     let database = scratch.path().join("runs.db");

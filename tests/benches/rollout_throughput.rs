@@ -8,12 +8,12 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, ensure};
+use anyhow::{Result, ensure};
 use sleuth_kit::client::connect;
 use sleuth_proto::rollout::v1 as rollout;
 use sleuth_proto::rollout::v1::rollout_orchestrator_client::RolloutOrchestratorClient;
 use sleuth_tests::ServiceProcess;
-use sleuth_tests::fixture::{Mesh, policies, spec, wait_for};
+use sleuth_tests::fixture::{Mesh, Policies, policies, spec, wait_for};
 
 const WORKERS: [usize; 3] = [1, 2, 4];
 const EPOCHS: u32 = 4;
@@ -23,7 +23,7 @@ const CONCURRENCY: u32 = 16;
 #[tokio::main(flavor = "multi_thread")]
 async fn main() -> Result<()> {
     let scratch = tempfile::tempdir()?;
-    let (index, searcher, _) = policies(scratch.path()).await?.context("run `make setup` first (SmolLM2 import)")?;
+    let Policies { index, searcher, .. } = policies(scratch.path()).await?;
     let mesh = Mesh::with_agents(&searcher, &index, 4)?;
     mesh.client().await?;
     println!(

@@ -1,11 +1,14 @@
 //! The YAML form of a run spec (`sleuth run create -f spec.yaml`): the same
 //! fields as `sleuth.rollout.v1.RunSpec`, snake_case; an unknown or
-//! misspelled field is an error naming it, never silently ignored.
+//! misspelled field is an error naming it, never silently ignored. `split`
+//! is required (there is no default split to train on by accident). The
+//! learner takes `global_batch_size`, `max_staleness` and `training` from the
+//! spec; `policy.model_uri`, `validation` and `training.eval_every` parse, but
+//! the orchestrator refuses them until something acts on them.
 //!
 //! ```yaml
 //! name: scifact-grpo
 //! train: {source_uri: data/scifact, collection: scifact, split: train}
-//! validation: {source_uri: data/scifact, collection: scifact, split: test, limit: 100}
 //! agent:
 //!   budget: {max_turns: 8, max_new_tokens_per_turn: 512, max_episode_tokens: 8192, observation_char_cap: 2000}
 //!   sampling: {temperature: 1.0}
@@ -15,7 +18,7 @@
 //! rollout_max_concurrency: 64
 //! max_staleness: 1
 //! reward: {name: ndcg@10, outcome_penalties: {turn_limit: -1, token_budget: -1}}
-//! training: {advantage: grpo, loss: ppo, learning_rate: 1.0e-6}
+//! training: {advantage: grpo, loss: ppo, learning_rate: 1.0e-6, checkpoint_every: 10}
 //! ```
 
 use std::collections::BTreeMap;

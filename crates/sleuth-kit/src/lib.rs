@@ -12,6 +12,7 @@ pub mod config;
 pub mod error;
 pub mod health;
 pub mod metrics;
+pub mod seed;
 pub mod serve;
 pub mod shutdown;
 pub mod stack;

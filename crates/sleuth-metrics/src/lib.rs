@@ -14,7 +14,14 @@
 //! others are reported as skipped, as `trec_eval` ignores them.
 //! A ranking is a list of document ids, best first; repeated ids count once,
 //! at their first position (an agent may submit a document twice).
+//!
+//! Beside the metrics, how scored episodes become training signal, in plain
+//! arithmetic the orchestrator (validating a run's spec) and the learner
+//! (training it) share: [`advantage`] (group advantages) and
+//! [`policy_loss`] (the names and settings of the policy losses).
 
+pub mod advantage;
+pub mod policy_loss;
 pub mod reward;
 pub mod run;
 

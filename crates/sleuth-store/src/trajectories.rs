@@ -10,7 +10,10 @@
 //! run ahead of the learner, so the stream holds at most a few steps of groups.
 //!
 //! The learner's current policy version is kept at `sleuth:run:<run>:learner_version`,
-//! where the orchestrator reads it for its staleness gate.
+//! and the number of groups it has taken off the stream (trained or dropped:
+//! stale, flat, corrupt) at `sleuth:run:<run>:groups_taken`; the orchestrator's
+//! staleness gate reads the count, so dropped groups free their place in the
+//! window as trained ones do.
 
 use redis::AsyncCommands;
 use redis::streams::{StreamAutoClaimOptions, StreamAutoClaimReply, StreamReadOptions, StreamReadReply};
@@ -28,6 +31,10 @@ pub fn stream_key(run_id: &str) -> String {
 
 pub fn version_key(run_id: &str) -> String {
     format!("sleuth:run:{run_id}:learner_version")
+}
+
+pub fn groups_taken_key(run_id: &str) -> String {
+    format!("sleuth:run:{run_id}:groups_taken")
 }
 
 /// A stream entry id, `<ms>-<seq>`, ordered as Redis orders them.
@@ -226,21 +233,40 @@ impl GroupConsumer {
     }
 }
 
-/// Records the learner's policy version for the run's orchestrator.
-pub async fn set_learner_version(redis: &RedisStore, run_id: &str, version: u64) -> Result<(), StoreError> {
+/// Writes one of the learner's counters for the orchestrator.
+async fn set_counter(redis: &RedisStore, key: String, value: u64) -> Result<(), StoreError> {
     let mut connection = redis.connection().await?;
     connection
-        .set::<_, _, ()>(version_key(run_id), version)
+        .set::<_, _, ()>(key, value)
         .await
         .map_err(|source| StoreError::Redis { url: redis.url().to_owned(), source })
 }
 
+/// Reads one of the learner's counters (0 before the learner wrote it).
+async fn counter(redis: &RedisStore, key: String) -> Result<u64, StoreError> {
+    let mut connection = redis.connection().await?;
+    let value: Option<u64> =
+        connection.get(key).await.map_err(|source| StoreError::Redis { url: redis.url().to_owned(), source })?;
+    Ok(value.unwrap_or(0))
+}
+
+/// Records the learner's policy version for the run's orchestrator.
+pub async fn set_learner_version(redis: &RedisStore, run_id: &str, version: u64) -> Result<(), StoreError> {
+    set_counter(redis, version_key(run_id), version).await
+}
+
 /// The learner's policy version for the run (0 before its first step).
 pub async fn learner_version(redis: &RedisStore, run_id: &str) -> Result<u64, StoreError> {
-    let mut connection = redis.connection().await?;
-    let version: Option<u64> = connection
-        .get(version_key(run_id))
-        .await
-        .map_err(|source| StoreError::Redis { url: redis.url().to_owned(), source })?;
-    Ok(version.unwrap_or(0))
+    counter(redis, version_key(run_id)).await
+}
+
+/// Records how many of the run's groups the learner has taken off the stream
+/// (trained, or dropped as stale, flat or corrupt).
+pub async fn set_groups_taken(redis: &RedisStore, run_id: &str, groups: u64) -> Result<(), StoreError> {
+    set_counter(redis, groups_taken_key(run_id), groups).await
+}
+
+/// How many of the run's groups the learner has taken (0 before it started).
+pub async fn groups_taken(redis: &RedisStore, run_id: &str) -> Result<u64, StoreError> {
+    counter(redis, groups_taken_key(run_id)).await
 }

@@ -18,6 +18,10 @@ const DEFAULT_MAX_TURNS: u32 = 8;
 const DEFAULT_TURN_TOKENS: u32 = 512;
 const DEFAULT_EPISODE_TOKENS: u32 = 8192;
 
+/// The observation after a tool call the gateway could not parse.
+pub const MALFORMED_CALL: &str = "Error: the tool call could not be parsed. Call tools as \
+<tool_call>[{\"name\": \"<tool>\", \"arguments\": {...}}]</tool_call> with valid JSON.";
+
 #[derive(Clone)]
 pub struct Clients {
     pub model: InferenceGatewayClient<MeshChannel>,
@@ -86,10 +90,13 @@ pub async fn run(clients: &Clients, request: &RunEpisodeRequest) -> Episode {
                 if left == 0 {
                     break End::new(EpisodeOutcome::TokenBudget, format!("max_episode_tokens {episode_tokens} used"));
                 }
-                let sampling = SamplingParams {
+                let mut sampling = SamplingParams {
                     max_new_tokens: turn_tokens.min(left),
                     ..config.sampling.clone().unwrap_or_default()
                 };
+                // One seed per turn: the same seed every turn would replay
+                // the same random draws at every position of every turn.
+                sampling.seed = sampling.seed.map(|seed| sleuth_kit::seed::derive(seed, &format!("turn {turns}")));
                 let chat = inference::ChatRequest {
                     episode_id: request.episode_id.clone(),
                     messages: messages.clone(),
@@ -109,6 +116,17 @@ pub async fn run(clients: &Clients, request: &RunEpisodeRequest) -> Episode {
                 used_tokens = usage.prompt_tokens + usage.completion_tokens;
                 let reply = response.message.unwrap_or_default();
                 messages.push(reply.clone());
+                if response.malformed_tool_call && response.finish_reason != "length" {
+                    // The model's own mistake, like a bad argument: it sees an
+                    // error and may retry within its turn budget. Ending here
+                    // scored a broken call as a completed, empty answer.
+                    messages.push(ChatMessage {
+                        role: "tool".into(),
+                        content: MALFORMED_CALL.into(),
+                        ..Default::default()
+                    });
+                    continue;
+                }
                 if reply.tool_calls.is_empty() {
                     if response.finish_reason == "length" {
                         break End::new(EpisodeOutcome::TokenBudget, format!("turn {turns} hit max_new_tokens"));

@@ -2,7 +2,7 @@
 //! one token sequence with its loss mask, the sampler's logprobs of the
 //! sampled tokens and the episode's advantage.
 
-use sleuth_proto::common::v1::TrajectoryGroup;
+use sleuth_proto::common::v1::{SegmentKind, TrajectoryGroup};
 
 use crate::advantage::{Estimator, advantages};
 
@@ -54,6 +54,21 @@ pub fn samples(group: &TrajectoryGroup, estimator: Estimator) -> Result<Option<V
         })
         .collect::<Result<Vec<_>, _>>()
         .map(Some)
+}
+
+/// The oldest policy version that sampled any token of the group, from the
+/// versions the inference gateway recorded per trace segment; the version the
+/// orchestrator labelled the group with when no episode has sampled tokens.
+pub fn oldest_token_version(group: &TrajectoryGroup) -> u64 {
+    group
+        .episodes
+        .iter()
+        .filter_map(|e| e.trace.as_ref())
+        .flat_map(|t| &t.segments)
+        .filter(|s| s.kind == SegmentKind::Policy as i32 && !s.token_ids.is_empty())
+        .map(|s| s.policy_version)
+        .min()
+        .unwrap_or(group.policy_version)
 }
 
 /// All of a group's episodes as samples without advantages (trajectory SFT).
@@ -128,6 +143,26 @@ mod tests {
             }),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn staleness_comes_from_the_recorded_token_versions() {
+        let mut old = episode("a", 1.0, &[4, 5]);
+        let mut fresh = episode("b", 0.0, &[6]);
+        for (episode, version) in [(&mut old, 2), (&mut fresh, 5)] {
+            let segments = &mut episode.trace.as_mut().unwrap().segments;
+            segments[0].policy_version = 0; // a prompt's version says nothing about sampling
+            segments[1].policy_version = version;
+        }
+        // The orchestrator labelled the group 5 when it started; one episode's tokens are from version 2.
+        let group = TrajectoryGroup { episodes: vec![old, fresh.clone()], policy_version: 5, ..Default::default() };
+        assert_eq!(oldest_token_version(&group), 2);
+        let untraced = TrajectoryGroup {
+            episodes: vec![Episode { trace: None, ..fresh }],
+            policy_version: 4,
+            ..Default::default()
+        };
+        assert_eq!(oldest_token_version(&untraced), 4, "no sampled token: the group's label");
     }
 
     #[test]

@@ -38,6 +38,13 @@ pub struct Meta {
     pub created_unix: u64,
 }
 
+impl Meta {
+    /// Groups taken off the stream by the steps up to this one: trained or dropped.
+    pub fn groups_taken(&self) -> u64 {
+        self.groups_consumed + self.groups_dropped_stale + self.groups_filtered + self.groups_rejected
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
     #[error(transparent)]

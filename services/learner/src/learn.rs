@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 
 use prost::Message;
 use sleuth_proto::common::v1::TrajectoryGroup;
-use sleuth_store::trajectories::{Entry, EntryId, GroupConsumer};
+use sleuth_store::trajectories::{self, Entry, EntryId, GroupConsumer};
 use sleuth_store::{Database, ObjectStore, RedisStore};
 
 use crate::Error;
@@ -28,6 +28,9 @@ use crate::trainer::{StepStats, Trainer};
 
 /// How often an idle learner looks for new groups.
 const POLL: std::time::Duration = std::time::Duration::from_millis(200);
+/// How often an idle learner checks that every policy server serves its
+/// current weights (see [`reconcile`]).
+const RECONCILE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// What rank 0 tells the others to do next.
 enum Command {
@@ -149,12 +152,14 @@ pub async fn lead(
     tracing::info!(step = meta.step, replay = queue.len(), "learner leading");
     let mut uncommitted: Vec<EntryId> = queue.iter().map(|e| e.id).collect();
     progress.lock().expect("progress").meta = meta.clone();
+    trajectories::set_groups_taken(&sources.redis, &plan.run_id, meta.groups_taken()).await?;
+    let mut last_reconcile = std::time::Instant::now();
 
     while plan.max_steps == 0 || meta.step < plan.max_steps {
         // Form the next step.
         let mut samples = Vec::new();
-        let mut groups = 0;
-        while groups < plan.global_batch_size {
+        let mut tally = Tally::default();
+        while tally.trained < plan.global_batch_size as u64 {
             if *stop.borrow() {
                 break;
             }
@@ -163,6 +168,10 @@ pub async fn lead(
                 None => {
                     let fresh = consumer.read_new(plan.global_batch_size).await?;
                     if fresh.is_empty() {
+                        if last_reconcile.elapsed() >= RECONCILE {
+                            trainer = reconcile(trainer, &sources, meta.step).await?;
+                            last_reconcile = std::time::Instant::now();
+                        }
                         tokio::select! {
                             () = tokio::time::sleep(POLL) => {}
                             _ = stop.changed() => {}
@@ -173,24 +182,29 @@ pub async fn lead(
                     continue;
                 }
             };
-            meta.stream_position = entry.id.to_string();
+            tally.last = Some(entry.id);
             match take_group(&entry, &plan, meta.step) {
                 Taken::Samples(group_samples) => {
                     samples.extend(group_samples);
-                    groups += 1;
-                    meta.groups_consumed += 1;
+                    tally.trained += 1;
                 }
-                Taken::Stale => meta.groups_dropped_stale += 1,
-                Taken::Filtered => meta.groups_filtered += 1,
+                Taken::Stale => tally.stale += 1,
+                Taken::Filtered => tally.filtered += 1,
                 Taken::Rejected(why) => {
                     tracing::error!(entry = %entry.id, error = %why, "group rejected");
-                    meta.groups_rejected += 1;
+                    tally.rejected += 1;
                 }
             }
+            // Every group taken, dropped ones too, frees its place in the
+            // orchestrator's staleness window: otherwise groups that never
+            // train would hold the window shut for good.
+            let taken = meta.groups_taken() + tally.groups();
+            trajectories::set_groups_taken(&sources.redis, &plan.run_id, taken).await?;
         }
-        if groups < plan.global_batch_size {
+        if tally.trained < plan.global_batch_size as u64 {
             break; // shutting down: the partial step's entries stay pending and are replayed
         }
+        let groups = tally.trained;
         if plan.sft {
             let fraction = batch::check_sft_mask(&samples).map_err(Error::InvalidArgument)?;
             tracing::info!(step = meta.step + 1, trainable_fraction = fraction, "trajectory SFT batch");
@@ -204,13 +218,14 @@ pub async fn lead(
         trainer = t;
         let stats = stats?;
         meta.step = stats.step;
+        tally.apply(&mut meta);
         let (publishing, step) = (!sources.publisher.is_empty(), stats.step);
         let (t, update) =
             blocking(trainer, move |t| publishing.then(|| crate::publish::update_requests(step, &t.named_tensors())))
                 .await?;
         trainer = t;
         let published = publish(update, &sources, stats.step).await;
-        sleuth_store::trajectories::set_learner_version(&sources.redis, &plan.run_id, stats.step).await?;
+        trajectories::set_learner_version(&sources.redis, &plan.run_id, stats.step).await?;
         let extra = serde_json::json!({
             "groups": groups,
             "groups_dropped_stale": meta.groups_dropped_stale,
@@ -234,20 +249,60 @@ pub async fn lead(
         let last = plan.max_steps != 0 && meta.step >= plan.max_steps;
         if meta.step % plan.checkpoint_every.max(1) == 0 || last {
             trainer = save_checkpoint(trainer, &sources, &meta).await?;
-            consumer.commit(&uncommitted).await?;
-            uncommitted.clear();
+            commit_trained(&consumer, &mut uncommitted, &meta).await?;
             progress.lock().expect("progress").last_checkpoint_step = meta.step;
         }
     }
     // Stopped early: keep the steps trained since the last checkpoint.
     if meta.step > progress.lock().expect("progress").last_checkpoint_step.max(checkpointed_at_start) {
         trainer = save_checkpoint(trainer, &sources, &meta).await?;
-        consumer.commit(&uncommitted).await?;
+        commit_trained(&consumer, &mut uncommitted, &meta).await?;
         progress.lock().expect("progress").last_checkpoint_step = meta.step;
     }
     let (_trainer, stopped) = blocking(trainer, |t| t.collective.broadcast(Command::Stop.encode())).await?;
     stopped?;
     progress.lock().expect("progress").finished = true;
+    Ok(())
+}
+
+/// What forming one step did with the entries it took. It reaches the
+/// checkpoint's counters and stream position only once the step has trained:
+/// a step abandoned at shutdown is formed again from the same entries (still
+/// pending in the stream) after the restart, and must not count twice.
+#[derive(Debug, Default)]
+struct Tally {
+    trained: u64,
+    stale: u64,
+    filtered: u64,
+    rejected: u64,
+    /// The step's last entry: the checkpoint's stream position once trained.
+    last: Option<EntryId>,
+}
+
+impl Tally {
+    fn groups(&self) -> u64 {
+        self.trained + self.stale + self.filtered + self.rejected
+    }
+
+    fn apply(self, meta: &mut Meta) {
+        meta.groups_consumed += self.trained;
+        meta.groups_dropped_stale += self.stale;
+        meta.groups_filtered += self.filtered;
+        meta.groups_rejected += self.rejected;
+        if let Some(last) = self.last {
+            meta.stream_position = last.to_string();
+        }
+    }
+}
+
+/// Acknowledges the entries inside the checkpoint `meta` describes (those up
+/// to its stream position) and keeps read-ahead ones, which no step has
+/// trained yet: acknowledging those would lose them in a crash.
+async fn commit_trained(consumer: &GroupConsumer, uncommitted: &mut Vec<EntryId>, meta: &Meta) -> Result<(), Error> {
+    let Ok(position) = meta.stream_position.parse::<EntryId>() else { return Ok(()) };
+    let (trained, ahead): (Vec<EntryId>, Vec<EntryId>) = uncommitted.iter().partition(|id| **id <= position);
+    consumer.commit(&trained).await?;
+    *uncommitted = ahead;
     Ok(())
 }
 
@@ -290,7 +345,10 @@ fn take_group(entry: &Entry, plan: &Plan, version: u64) -> Taken {
         Ok(group) => group,
         Err(e) => return Taken::Rejected(format!("not a TrajectoryGroup: {e}")),
     };
-    if version.saturating_sub(group.policy_version) > plan.max_staleness {
+    // Staleness of the tokens themselves (the versions the gateway recorded
+    // for each sampled token), not of the label the orchestrator gave the group
+    // when it started: an episode can outlive several weight updates.
+    if version.saturating_sub(batch::oldest_token_version(&group)) > plan.max_staleness {
         return Taken::Stale;
     }
     let taken = if plan.sft { batch::sft_samples(&group).map(Some) } else { batch::samples(&group, plan.estimator) };
@@ -299,6 +357,29 @@ fn take_group(entry: &Entry, plan: &Plan, version: u64) -> Taken {
         Ok(None) => Taken::Filtered,
         Err(e) => Taken::Rejected(e.to_string()),
     }
+}
+
+/// Brings every policy server that serves an older version than `step` (a
+/// failed publication, a restarted server on its base weights) to the
+/// current weights.
+async fn reconcile(trainer: Trainer, sources: &Sources, step: u64) -> Result<Trainer, Error> {
+    if step == 0 || sources.publisher.is_empty() {
+        return Ok(trainer);
+    }
+    let behind = sources.publisher.behind(step).await;
+    if behind.is_empty() {
+        return Ok(trainer);
+    }
+    let (trainer, requests) =
+        blocking(trainer, move |t| crate::publish::update_requests(step, &t.named_tensors())).await?;
+    let published = sources.publisher.publish_to(&behind, requests).await;
+    tracing::info!(
+        version = step,
+        servers = published.servers_updated,
+        failures = published.failures.len(),
+        "weights republished"
+    );
+    Ok(trainer)
 }
 
 /// Sends the new weights to the policy servers; returns how long it took.

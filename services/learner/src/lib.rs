@@ -2,14 +2,14 @@
 //! GRPO-family updates or trajectory SFT, writes checkpoints and publishes
 //! new weights to the policy servers.
 //!
-//! - [`advantage`], [`loss`]: the maths of a step;
+//! - [`advantage`] (shared with the orchestrator, from `sleuth-metrics`), [`loss`]: the maths of a step;
 //! - [`batch`]: trajectory groups to samples;
 //! - [`collective`], [`shard`], [`trainer`]: sharded training across ranks;
 //! - [`checkpoint`], [`publish`], [`records`]: what a step leaves behind;
 //! - [`learn`]: the loop that ties them to the stream;
 //! - [`torch_thread`]: the one thread every tensor operation runs on.
 
-pub mod advantage;
+pub use sleuth_metrics::advantage;
 pub mod batch;
 pub mod checkpoint;
 pub mod collective;
@@ -18,6 +18,7 @@ pub mod learn;
 pub mod loss;
 pub mod publish;
 pub mod records;
+pub mod run_spec;
 pub mod shard;
 pub mod torch_thread;
 pub mod trainer;
@@ -66,6 +67,13 @@ pub struct Config {
     #[arg(long, env = "SLEUTH_RUN_ID")]
     pub run_id: String,
 
+    /// The rollout orchestrator that owns the run (host:port). When set, the
+    /// learner reads the run's spec from it at start and takes every training
+    /// setting from there (see `run_spec`); the flags below that the spec
+    /// covers may then not be set.
+    #[arg(long, env = "SLEUTH_ORCHESTRATOR")]
+    pub orchestrator: Option<String>,
+
     #[command(flatten)]
     pub redis: RedisArgs,
 
@@ -80,15 +88,22 @@ pub struct Config {
     #[arg(long, env = "SLEUTH_DEVICE", default_value = "auto")]
     pub device: DeviceSpec,
 
+    /// Dtype of the forward and backward passes: auto (bf16 where the device
+    /// computes it natively: CUDA, CPUs with AVX512-BF16 or AMX; f32
+    /// elsewhere), f32 or bf16. Parameter shards, gradients and AdamW state
+    /// stay in f32 (f64 for gradient sums) whatever this is.
+    #[arg(long, env = "SLEUTH_DTYPE", default_value = "auto")]
+    pub dtype: sleuth_torch::DtypeSpec,
+
     #[arg(long, env = "SLEUTH_MODE", value_enum, default_value = "rl")]
     pub mode: Mode,
 
     /// grpo, dr_grpo, rloo, grpo_pass_at_k[:K].
-    #[arg(long, env = "SLEUTH_ADVANTAGE", default_value = "grpo")]
+    #[arg(long, env = "SLEUTH_ADVANTAGE", conflicts_with = "orchestrator", default_value = "grpo")]
     pub advantage: String,
 
     /// ppo, cispo, importance_sampling.
-    #[arg(long, env = "SLEUTH_LOSS", default_value = "ppo")]
+    #[arg(long, env = "SLEUTH_LOSS", conflicts_with = "orchestrator", default_value = "ppo")]
     pub loss: String,
 
     #[arg(long, env = "SLEUTH_LOSS_AGGREGATION", value_enum, default_value = "token-mean")]
@@ -99,10 +114,10 @@ pub struct Config {
     pub tis_cap: f64,
 
     /// KL coefficient to the initial (frozen) policy; 0 = off (no reference copy is held).
-    #[arg(long, env = "SLEUTH_KL_COEF", default_value_t = 0.0)]
+    #[arg(long, env = "SLEUTH_KL_COEF", conflicts_with = "orchestrator", default_value_t = 0.0)]
     pub kl_coef: f64,
 
-    #[arg(long, env = "SLEUTH_LEARNING_RATE", default_value_t = 1e-6)]
+    #[arg(long, env = "SLEUTH_LEARNING_RATE", conflicts_with = "orchestrator", default_value_t = 1e-6)]
     pub learning_rate: f64,
 
     #[arg(long, env = "SLEUTH_WEIGHT_DECAY", default_value_t = 0.0)]
@@ -117,15 +132,15 @@ pub struct Config {
     pub micro_batch: u32,
 
     /// Trainable groups (prompts) per optimizer step.
-    #[arg(long, env = "SLEUTH_GLOBAL_BATCH_SIZE", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, env = "SLEUTH_GLOBAL_BATCH_SIZE", conflicts_with = "orchestrator", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..))]
     pub global_batch_size: u32,
 
     /// Groups produced by a policy more than this many versions old are dropped.
-    #[arg(long, env = "SLEUTH_MAX_STALENESS", default_value_t = 1)]
+    #[arg(long, env = "SLEUTH_MAX_STALENESS", conflicts_with = "orchestrator", default_value_t = 1)]
     pub max_staleness: u64,
 
     /// Checkpoint every this many steps (and at max_steps).
-    #[arg(long, env = "SLEUTH_CHECKPOINT_EVERY", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, env = "SLEUTH_CHECKPOINT_EVERY", conflicts_with = "orchestrator", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
     pub checkpoint_every: u64,
 
     /// Where checkpoints go: a directory or s3://bucket/prefix.
@@ -282,10 +297,13 @@ fn objective(config: &Config) -> Result<Objective, Error> {
 fn load_trainer(config: &Config, device: tch::Device, collective: Box<dyn Collective>) -> Result<Trainer, Error> {
     let dir = config.model.clone().unwrap_or_else(sleuth_kit::config::default_model_dir);
     let model_config = sleuth_model::Config::from_file(&dir.join("config.json"))?;
+    let dtype = config.dtype.resolve(device);
+    tracing::info!(dtype = ?dtype.kind, requested = %config.dtype, reason = %dtype.reason, "compute dtype");
     let load = || -> Result<_, Error> {
         let mut vars = tch::nn::VarStore::new(device);
         let model = sleuth_model::Model::new(&vars.root(), &model_config);
         sleuth_model::load_weights(&mut vars, &dir)?;
+        vars.set_kind(dtype.kind);
         Ok((vars, model))
     };
     let (vars, model) = load()?;
@@ -307,12 +325,21 @@ fn load_trainer(config: &Config, device: tch::Device, collective: Box<dyn Collec
 
 /// Serves the learner on `listener` and trains until `max_steps` or `shutdown`.
 pub async fn run(
-    config: Config,
+    mut config: Config,
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
     if config.run_id.trim().is_empty() {
         return Err(Error::InvalidArgument("run_id must not be empty".into()));
+    }
+    let mut shutdown = std::pin::pin!(shutdown);
+    if let Some(orchestrator) = config.orchestrator.clone() {
+        let token = config.serve.bearer_token()?;
+        let spec = tokio::select! {
+            spec = run_spec::fetch(&orchestrator, token.as_ref(), &config.run_id) => spec?,
+            () = &mut shutdown => return Ok(()), // stopped while waiting for its run
+        };
+        run_spec::apply(&mut config, &spec)?;
     }
     let estimator = config.advantage.parse().map_err(Error::InvalidArgument)?;
     objective(&config)?;
@@ -394,7 +421,7 @@ pub async fn run(
     let mut training = training;
     let trained = tokio::select! {
         trained = &mut training => trained,
-        () = shutdown => {
+        () = &mut shutdown => {
             let _ = stop.send(true);
             training.await
         }

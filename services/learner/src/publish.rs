@@ -1,15 +1,20 @@
 //! Weight publication: after a step, the new weights go to every policy
 //! server as `UpdateWeights` streams (version = step), in chunks of at most
 //! 4 MiB so no gRPC message limit is hit. The servers swap between decode
-//! steps; a failed server is reported and retried at the next step (its
-//! version simply lags; the orchestrator's staleness gate sees the version
-//! the learner records).
+//! steps. A server that missed a version (a failed publication, or a
+//! restart that brought it back on its base weights as version 0) is found
+//! by asking every server its version while the learner waits for groups,
+//! and brought to the current weights ([`Publisher::behind`]); until then
+//! its episodes carry their old version in their traces, and the learner
+//! drops them as stale once they are more than `max_staleness` behind.
 
 use std::time::{Duration, Instant};
 
 use sleuth_kit::client::MeshChannel;
 use sleuth_proto::policy::v1::policy_server_client::PolicyServerClient;
-use sleuth_proto::policy::v1::{DType, TensorChunk, UpdateWeightsRequest, WeightsHeader, update_weights_request::Part};
+use sleuth_proto::policy::v1::{
+    DType, GetModelInfoRequest, TensorChunk, UpdateWeightsRequest, WeightsHeader, update_weights_request::Part,
+};
 use tch::{Device, Kind, Tensor};
 
 const CHUNK_BYTES: usize = 4 << 20;
@@ -76,10 +81,38 @@ impl Publisher {
         self.servers.is_empty()
     }
 
+    /// The servers (indices) serving a version older than `version`; a server
+    /// that does not answer is left for the next check.
+    pub async fn behind(&self, version: u64) -> Vec<usize> {
+        let calls = self.servers.iter().map(|(address, client)| {
+            let mut client = client.clone();
+            async move { (address, client.get_model_info(GetModelInfoRequest {}).await) }
+        });
+        let mut behind = Vec::new();
+        for (index, (address, answer)) in futures::future::join_all(calls).await.into_iter().enumerate() {
+            match answer {
+                Ok(info) if info.get_ref().policy_version < version => {
+                    tracing::warn!(server = %address, serves = info.get_ref().policy_version, current = version, "policy server behind the learner; publishing the current weights to it");
+                    behind.push(index);
+                }
+                Ok(_) => {}
+                Err(status) => {
+                    tracing::debug!(server = %address, message = status.message(), "policy server did not report its version")
+                }
+            }
+        }
+        behind
+    }
+
     /// Sends `requests` to every server concurrently.
     pub async fn publish(&self, requests: Vec<UpdateWeightsRequest>) -> Published {
+        self.publish_to(&(0..self.servers.len()).collect::<Vec<_>>(), requests).await
+    }
+
+    /// Sends `requests` to the servers at `indices` concurrently.
+    pub async fn publish_to(&self, indices: &[usize], requests: Vec<UpdateWeightsRequest>) -> Published {
         let started = Instant::now();
-        let calls = self.servers.iter().map(|(address, client)| {
+        let calls = indices.iter().filter_map(|&i| self.servers.get(i)).map(|(address, client)| {
             let mut client = client.clone();
             let requests = requests.clone();
             async move { (address.clone(), client.update_weights(tokio_stream::iter(requests)).await) }

@@ -76,16 +76,35 @@ struct Env {
     model: PathBuf,
 }
 
+impl Env {
+    /// Redis, a SQLite database and a tiny model under `scratch`; the server
+    /// runs until the returned handle is dropped.
+    fn start(scratch: &Path) -> Result<(Self, sleuth_testkit::TestServer)> {
+        let redis_server = sleuth_testkit::redis()?;
+        let env = Env {
+            redis_url: sleuth_testkit::redis_url(&redis_server),
+            database: format!("sqlite://{}", scratch.join("runs.db").display()),
+            model: scratch.join("model"),
+        };
+        tiny_model(&env.model)?;
+        Ok((env, redis_server))
+    }
+}
+
 fn learner(env: &Env, run: &str, checkpoints: &Path) -> Result<Child> {
+    learner_until(env, run, checkpoints, STEPS)
+}
+
+fn learner_until(env: &Env, run: &str, checkpoints: &Path, max_steps: u64) -> Result<Child> {
     let port = sleuth_testkit::free_port()?;
     Ok(Command::new(env!("CARGO_BIN_EXE_learner"))
-        .args(["--listen", &format!("127.0.0.1:{port}"), "--run-id", run, "--device", "cpu"])
+        .args(["--listen", &format!("127.0.0.1:{port}"), "--run-id", run, "--device", "cpu", "--dtype", "f32"])
         .args(["--redis-url", &env.redis_url, "--database-url", &env.database])
         .arg("--model")
         .arg(&env.model)
         .arg("--checkpoint-uri")
         .arg(checkpoints)
-        .args(["--global-batch-size", "2", "--checkpoint-every", "2", "--max-steps", &STEPS.to_string()])
+        .args(["--global-batch-size", "2", "--checkpoint-every", "2", "--max-steps", &max_steps.to_string()])
         .args(["--learning-rate", "0.01", "--max-staleness", "100", "--micro-batch", "2", "--torch-threads", "1"])
         .env("SLEUTH_LOG", "warn")
         .spawn()?)
@@ -123,13 +142,7 @@ fn final_params(checkpoints: &Path) -> Result<Vec<(String, Tensor)>> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_learner_resumes_to_the_uninterrupted_result() -> Result<()> {
     let scratch = tempfile::tempdir()?;
-    let redis_server = sleuth_testkit::redis()?;
-    let env = Env {
-        redis_url: sleuth_testkit::redis_url(&redis_server),
-        database: format!("sqlite://{}", scratch.path().join("runs.db").display()),
-        model: scratch.path().join("model"),
-    };
-    tiny_model(&env.model)?;
+    let (env, _redis_server) = Env::start(scratch.path())?;
     let redis = RedisStore::open(&env.redis_url)?;
     let entries = entries();
 
@@ -193,6 +206,34 @@ async fn a_killed_learner_resumes_to_the_uninterrupted_result() -> Result<()> {
     Ok(())
 }
 
+/// Groups read ahead of the step being formed are not in its checkpoint:
+/// they stay unacknowledged and are trained after a restart (acknowledging
+/// every entry read at checkpoint time lost them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_ahead_groups_are_not_acknowledged_by_a_checkpoint() -> Result<()> {
+    let scratch = tempfile::tempdir()?;
+    let (env, _redis_server) = Env::start(scratch.path())?;
+    let redis = RedisStore::open(&env.redis_url)?;
+    // The learner reads two entries at a time: [flat, g0], then [g1, g2].
+    // Step 1 trains g0 and g1; g2 is read ahead when step 1 checkpoints.
+    for entry in [group(99, true), group(0, false), group(1, false), group(2, false)] {
+        publish(&redis, "ahead", &entry.encode_to_vec()).await?;
+    }
+    let checkpoints = scratch.path().join("ahead");
+    let mut child = learner_until(&env, "ahead", &checkpoints, 1)?;
+    tokio::task::block_in_place(|| wait_exit(&mut child, Duration::from_secs(120)))?;
+    let consumer = GroupConsumer::open(redis.clone(), "ahead", "inspector").await?;
+    assert_eq!(consumer.backlog().await?.0, 1, "g2 was read ahead, never trained: it must stay pending");
+
+    publish(&redis, "ahead", &group(3, false).encode_to_vec()).await?;
+    let mut child = learner_until(&env, "ahead", &checkpoints, 2)?;
+    tokio::task::block_in_place(|| wait_exit(&mut child, Duration::from_secs(120)))?;
+    assert_eq!(consumer.backlog().await?, (0, 0));
+    let meta: serde_json::Value = serde_json::from_slice(&std::fs::read(checkpoints.join("step-00000002/meta.json"))?)?;
+    assert_eq!((meta["groups_consumed"].as_u64(), meta["groups_filtered"].as_u64()), (Some(4), Some(1)));
+    Ok(())
+}
+
 /// A greedy request whose model logprobs show which weights the server serves.
 fn greedy(max_new_tokens: u32) -> sleuth_proto::policy::v1::GenerateRequest {
     sleuth_proto::policy::v1::GenerateRequest {
@@ -224,6 +265,8 @@ async fn train_one_step(
         run,
         "--device",
         "cpu",
+        "--dtype",
+        "f32",
         "--model",
         model,
         "--redis-url",
@@ -259,7 +302,7 @@ async fn published_weights_change_the_policy_server() -> Result<()> {
     let redis_url = sleuth_testkit::redis_url(&redis_server);
     let (policy_addr, _policy) = sleuth_testkit::start_service!(
         policy_server,
-        ["policy-server", "--listen", "127.0.0.1:0", "--device", "cpu", "--model", &model]
+        ["policy-server", "--listen", "127.0.0.1:0", "--device", "cpu", "--dtype", "f32", "--model", &model]
     );
     sleuth_testkit::service::wait_serving(&policy_addr, "sleuth.policy.v1.PolicyServer").await?;
     let mut policy =
@@ -331,7 +374,19 @@ async fn checkpoints_go_to_s3_and_the_policy_server_loads_them_from_there() -> R
 
     let (policy_addr, _policy) = sleuth_testkit::start_service!(
         policy_server,
-        ["policy-server", "--listen", "127.0.0.1:0", "--device", "cpu", "--model", &model, "--s3-endpoint", &endpoint]
+        [
+            "policy-server",
+            "--listen",
+            "127.0.0.1:0",
+            "--device",
+            "cpu",
+            "--dtype",
+            "f32",
+            "--model",
+            &model,
+            "--s3-endpoint",
+            &endpoint
+        ]
     );
     sleuth_testkit::service::wait_serving(&policy_addr, "sleuth.policy.v1.PolicyServer").await?;
     let mut policy =
@@ -352,5 +407,76 @@ async fn checkpoints_go_to_s3_and_the_policy_server_loads_them_from_there() -> R
     assert_eq!(updated.version, 1);
     let after = policy.generate(greedy).await?.into_inner();
     assert_ne!(after.model_logprobs, before.model_logprobs, "the learner's step-1 weights are served");
+    Ok(())
+}
+
+/// A policy server that missed a publication (down at the time, or restarted
+/// onto its base weights as version 0) is brought to the learner's current
+/// weights while the learner waits for groups, without a new step.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_server_that_missed_a_version_gets_the_current_weights() -> Result<()> {
+    use sleuth_proto::policy::v1::GetModelInfoRequest;
+    use sleuth_proto::policy::v1::policy_server_client::PolicyServerClient;
+
+    let scratch = tempfile::tempdir()?;
+    let model = scratch.path().join("model");
+    tiny_model(&model)?;
+    let model = model.to_str().context("utf-8")?.to_owned();
+    let redis_server = sleuth_testkit::redis()?;
+    let redis_url = sleuth_testkit::redis_url(&redis_server);
+    let redis = RedisStore::open(&redis_url)?;
+    for i in 0..2 {
+        publish(&redis, "late", &group(i, false).encode_to_vec()).await?;
+    }
+    // Nothing listens on `late_addr` when step 1 is published.
+    let late_addr = format!("127.0.0.1:{}", sleuth_testkit::free_port()?);
+    let database = format!("sqlite://{}", scratch.path().join("runs.db").display());
+    let checkpoints = scratch.path().join("checkpoints");
+    let args = [
+        "learner",
+        "--listen",
+        "127.0.0.1:0",
+        "--run-id",
+        "late",
+        "--device",
+        "cpu",
+        "--dtype",
+        "f32",
+        "--model",
+        &model,
+        "--redis-url",
+        &redis_url,
+        "--database-url",
+        &database,
+        "--checkpoint-uri",
+        checkpoints.to_str().context("utf-8")?,
+        "--global-batch-size",
+        "2",
+        "--policy-servers",
+        &late_addr,
+    ];
+    let (_learner_addr, _learner) = sleuth_testkit::start_service!(learner, args);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while sleuth_store::trajectories::learner_version(&redis, "late").await? < 1 {
+        ensure!(Instant::now() < deadline, "the learner never trained step 1");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    let (policy_addr, _policy) = sleuth_testkit::start_service!(
+        policy_server,
+        ["policy-server", "--listen", &late_addr, "--device", "cpu", "--dtype", "f32", "--model", &model]
+    );
+    sleuth_testkit::service::wait_serving(&policy_addr, "sleuth.policy.v1.PolicyServer").await?;
+    let mut policy =
+        PolicyServerClient::new(sleuth_kit::client::connect(&policy_addr, None, Duration::from_secs(5)).await?);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let served = policy.get_model_info(GetModelInfoRequest {}).await?.into_inner().policy_version;
+        if served == 1 {
+            break;
+        }
+        ensure!(Instant::now() < deadline, "the late policy server still serves version {served}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     Ok(())
 }

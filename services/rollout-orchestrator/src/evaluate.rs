@@ -21,7 +21,7 @@ use sleuth_proto::rollout::v1::{EvaluateRequest, Evaluation, RunStatus};
 use sleuth_proto::tools::v1::tool_gateway_client::ToolGatewayClient;
 use sleuth_proto::tools::v1::{SearchMethod, SearchRequest};
 
-use crate::workers::{Failure, Workers};
+use crate::workers::Workers;
 
 /// Tasks evaluated at once.
 const PARALLEL_TASKS: usize = 8;
@@ -207,14 +207,13 @@ impl Evaluator {
                 config: request.agent.clone(),
             };
             let attempt = |i: usize| format!("{id}-{}-{sample}-{i}", task.task_id);
-            let episode = match self.workers.run_episode(episode_request, attempt).await {
-                Ok(response) => response.episode.unwrap_or_default(),
-                Err(Failure::Rejected(why)) => return Err(format!("agent rejected task {}: {why}", task.task_id)),
-                // No worker: the episode failed; it counts 0 like any failure.
-                Err(Failure::NoWorker(why)) => {
-                    Episode { outcome: EpisodeOutcome::ModelError as i32, outcome_detail: why, ..Default::default() }
-                }
-            };
+            // The policy's failures count (0 nDCG, by outcome); the
+            // infrastructure's are rerun, or fail the job, never counted.
+            let episode = self
+                .workers
+                .run_to_policy_outcome(episode_request, attempt)
+                .await
+                .map_err(|why| format!("task {}: {why}", task.task_id))?;
             let score = reward.score(task, &episode);
             scored.ndcg.push(score.metrics["ndcg@10"]);
             scored.reward.push(score.reward);

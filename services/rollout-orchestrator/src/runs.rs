@@ -3,10 +3,11 @@
 //!
 //! - Concurrency: never more than `rollout_max_concurrency` episodes at once
 //!   (one semaphore permit per running episode).
-//! - Staleness: group number g (in start order) is trained at learner step
-//!   g / global_batch_size; it starts only while that step is at most
-//!   `max_staleness` ahead of the learner's version (read from Redis), so no
-//!   group is trained on more than `max_staleness` versions after its policy.
+//! - Staleness: group number g (in start order) starts only while fewer than
+//!   `(max_staleness + 1) x global_batch_size` groups are ahead of those the
+//!   learner has taken off the stream, trained or dropped (see
+//!   [`within_window`]); the learner drops groups whose tokens are more than
+//!   `max_staleness` versions old.
 //! - Exactly once: a group is published with its marker in one atomic step
 //!   (`publish_once`) and recorded in SQL; a restarted orchestrator skips
 //!   groups either place knows, and reruns only unpublished ones.
@@ -20,7 +21,7 @@ use std::time::Duration;
 
 use prost::Message;
 use sleuth_metrics::reward::{NdcgReward, Reward};
-use sleuth_proto::agent::v1::RunEpisodeRequest;
+use sleuth_proto::agent::v1::{AgentConfig, RunEpisodeRequest};
 use sleuth_proto::common::v1::{Episode, Task, TrajectoryGroup};
 use sleuth_proto::rollout::v1::{EpisodeSummary, RunProgress, RunSpec, RunStatus};
 use sleuth_store::RedisStore;
@@ -28,12 +29,32 @@ use sleuth_store::trajectories;
 use tokio::sync::{Semaphore, watch};
 
 use crate::state::State;
-use crate::workers::{Failure, Workers};
+use crate::workers::Workers;
 
 /// How often a gated run looks at the learner's version again.
 const GATE_POLL: Duration = Duration::from_millis(200);
-/// How long an episode keeps looking for a live worker before the run fails.
-const NO_WORKER_PATIENCE: Duration = Duration::from_secs(120);
+
+/// Whether group number `number` (start order) may start: at most
+/// `max_staleness + 1` steps' worth of groups may be ahead of the groups the
+/// learner has taken off the stream. Without dropped groups this is "the step
+/// that will train it is at most `max_staleness` ahead of the learner"; a
+/// group the learner drops (stale, flat, corrupt) is taken too, so dropped
+/// groups never hold the window shut. The bound on the tokens' own staleness
+/// is the learner's: it drops groups sampled too many versions ago.
+fn within_window(number: u64, taken: u64, batch: u64, max_staleness: u64) -> bool {
+    number < taken + (max_staleness + 1) * batch
+}
+
+/// The agent config of one episode: the spec's, with a sampling seed of its
+/// own derived from the spec's seed (when set), so the episodes of a group
+/// differ and a rerun of the same episode samples the same way.
+fn episode_config(spec: &RunSpec, group_id: &str, sample: u32) -> Option<AgentConfig> {
+    let mut config = spec.agent.clone()?;
+    if let Some(seed) = config.sampling.as_mut().and_then(|s| s.seed.as_mut()) {
+        *seed = sleuth_kit::seed::derive(*seed, &format!("{group_id}/{sample}"));
+    }
+    Some(config)
+}
 
 /// A run being driven by this orchestrator.
 pub struct Live {
@@ -140,12 +161,13 @@ impl Runner {
                 let version = loop {
                     let learner =
                         trajectories::learner_version(&self.redis, run_id).await.map_err(|e| e.to_string())?;
+                    let taken = trajectories::groups_taken(&self.redis, run_id).await.map_err(|e| e.to_string())?;
                     self.update(run_id, |p| {
                         p.step = learner;
                         p.policy_version = learner;
                         p.epoch = epoch as u32;
                     });
-                    if (number / batch) as u64 <= learner + u64::from(spec.max_staleness) {
+                    if within_window(number as u64, taken, batch as u64, u64::from(spec.max_staleness)) {
                         break learner;
                     }
                     tokio::select! {
@@ -205,7 +227,7 @@ impl Runner {
                     episode_id: String::new(),
                     sample_index: sample,
                     task: Some(task.clone()),
-                    config: spec.agent.clone(),
+                    config: episode_config(spec, &group_id, sample),
                 };
                 let result = tokio::select! {
                     result = self.episode(run_id, &group_id, sample, request) => result,
@@ -265,7 +287,8 @@ impl Runner {
         Ok(())
     }
 
-    /// One episode, rerun on another worker when its worker fails.
+    /// One episode, rerun on another worker when its worker fails and
+    /// whenever it ends outside the policy (see [`Workers::run_to_policy_outcome`]).
     async fn episode(
         &self,
         run_id: &str,
@@ -273,21 +296,50 @@ impl Runner {
         sample: u32,
         request: RunEpisodeRequest,
     ) -> Result<Episode, String> {
-        let started = std::time::Instant::now();
-        let mut round = 0usize;
-        loop {
-            let attempt = |i: usize| format!("{run_id}-{group_id}-{sample}-{}-{}", self.incarnation, round * 16 + i);
-            match self.workers.run_episode(request.clone(), attempt).await {
-                Ok(response) => return response.episode.ok_or_else(|| "agent returned no episode".to_owned()),
-                Err(Failure::Rejected(why)) => return Err(format!("agent rejected the episode: {why}")),
-                Err(Failure::NoWorker(why)) if started.elapsed() > NO_WORKER_PATIENCE => {
-                    return Err(format!("no agent worker could run the episode for {NO_WORKER_PATIENCE:?}: {why}"));
-                }
-                Err(Failure::NoWorker(_)) => {
-                    round += 1;
-                    tokio::time::sleep(Duration::from_millis(500)).await;
-                }
+        let attempt = |n: usize| format!("{run_id}-{group_id}-{sample}-{}-{n}", self.incarnation);
+        self.workers.run_to_policy_outcome(request, attempt).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_window_matches_the_step_rule_without_drops() {
+        // Batch 2, staleness 1, learner at step 3 (6 groups taken): groups 0..10 may start.
+        assert!(within_window(9, 6, 2, 1));
+        assert!(!within_window(10, 6, 2, 1));
+        for number in 0..40 {
+            for step in 0..10 {
+                assert_eq!(within_window(number, step * 4, 4, 2), number / 4 <= step + 2);
             }
         }
+    }
+
+    #[test]
+    fn each_episode_gets_its_own_seed_and_reruns_keep_it() {
+        use sleuth_proto::common::v1::SamplingParams;
+        let mut spec = RunSpec {
+            agent: Some(AgentConfig {
+                sampling: Some(SamplingParams { seed: Some(42), temperature: Some(1.0), ..Default::default() }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let seed = |group: &str, sample| episode_config(&spec, group, sample).unwrap().sampling.unwrap().seed.unwrap();
+        let seeds: std::collections::HashSet<u64> = (0..8).flat_map(|s| [seed("e0-q1", s), seed("e1-q1", s)]).collect();
+        assert_eq!(seeds.len(), 16, "every episode of every group samples differently");
+        assert_eq!(seed("e0-q1", 3), seed("e0-q1", 3), "a rerun samples as the first attempt did");
+        spec.agent.as_mut().unwrap().sampling.as_mut().unwrap().seed = None;
+        assert_eq!(episode_config(&spec, "e0-q1", 0).unwrap().sampling.unwrap().seed, None, "no seed stays random");
+    }
+
+    #[test]
+    fn dropped_groups_open_the_window() {
+        // Batch 4, staleness 0: 4 groups published, all flat and dropped, the
+        // learner is still at version 0 but has taken them: the next 4 may start.
+        assert!(!within_window(4, 0, 4, 0));
+        assert!(within_window(7, 4, 4, 0));
     }
 }

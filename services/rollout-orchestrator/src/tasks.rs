@@ -16,8 +16,13 @@ pub fn load(set: &TaskSet, field: &str) -> Result<Vec<Task>, String> {
     if set.collection.trim().is_empty() {
         return Err(format!("{field}.collection must name the tool-gateway collection the agent searches"));
     }
+    // No default split: a missing one used to mean "test", so a training run
+    // silently trained on the held-out queries it would be judged on.
+    if set.split.trim().is_empty() {
+        return Err(format!("{field}.split must name the BEIR split to use (train, dev, test, ...)"));
+    }
     let dir = BeirDir::new(&set.source_uri);
-    let split = if set.split.is_empty() { "test" } else { set.split.as_str() };
+    let split = set.split.as_str();
     let qrels =
         dir.qrels(split).map_err(|e| format!("{field}.source_uri {:?} split {split:?}: {e}", set.source_uri))?;
     let queries = dir.queries(BadLines::Fail).map_err(|e| format!("{field}.source_uri {:?}: {e}", set.source_uri))?;

@@ -3,6 +3,11 @@
 //! gone, connection refused, overloaded) is skipped for a while and the
 //! episode goes to another one. `Workers` is where DNS or Kubernetes
 //! discovery would plug in.
+//!
+//! An episode that ends for a reason outside the policy (the tool gateway or
+//! the model endpoint failed, or its trace is missing) is rerun, never scored:
+//! scoring it would teach the policy that the infrastructure's failures are
+//! its own ([`Workers::run_to_policy_outcome`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -11,11 +16,29 @@ use std::time::{Duration, Instant};
 use sleuth_kit::client::MeshChannel;
 use sleuth_proto::agent::v1::agent_client::AgentClient;
 use sleuth_proto::agent::v1::{RunEpisodeRequest, RunEpisodeResponse};
+use sleuth_proto::common::v1::{Episode, EpisodeOutcome};
 use std::sync::Mutex;
 use tonic::Code;
 
 /// How long a failed worker is skipped.
 const BENCH: Duration = Duration::from_secs(5);
+/// How long an episode keeps looking for a live worker before it fails.
+const NO_WORKER_PATIENCE: Duration = Duration::from_secs(120);
+/// Reruns of an episode that keeps failing outside the policy; then it fails
+/// (and so does its run) with the last reason, instead of being trained on.
+const INFRASTRUCTURE_RERUNS: u32 = 3;
+
+/// Why `episode` ended outside the policy's control, if it did: only
+/// completed, turn-limit and token-budget endings are the policy's own.
+pub fn infrastructure_failure(episode: &Episode) -> Option<String> {
+    match episode.outcome() {
+        EpisodeOutcome::ToolError | EpisodeOutcome::ModelError => {
+            Some(format!("{}: {}", episode.outcome().as_str_name(), episode.outcome_detail))
+        }
+        _ if episode.turns > 0 && episode.trace.is_none() => Some("the episode has no trace".to_owned()),
+        _ => None,
+    }
+}
 
 struct Worker {
     address: String,
@@ -103,5 +126,68 @@ impl Workers {
             }
         }
         Err(Failure::NoWorker(last))
+    }
+
+    /// Runs the episode until it ends with one of the policy's own outcomes:
+    /// with no live worker it keeps trying for [`NO_WORKER_PATIENCE`]; an
+    /// episode that fails outside the policy is rerun (fresh episode id and
+    /// trace, backing off) up to [`INFRASTRUCTURE_RERUNS`] times.
+    /// `attempt_id(n)` names the n-th attempt; no two attempts share an id.
+    pub async fn run_to_policy_outcome(
+        &self,
+        request: RunEpisodeRequest,
+        attempt_id: impl Fn(usize) -> String,
+    ) -> Result<Episode, String> {
+        let started = Instant::now();
+        let (mut attempts, mut reruns) = (0usize, 0u32);
+        loop {
+            let first = attempts;
+            attempts += self.workers.len().max(1);
+            match self.run_episode(request.clone(), |i| attempt_id(first + i)).await {
+                Ok(response) => {
+                    let episode = response.episode.ok_or("agent returned no episode")?;
+                    let Some(why) = infrastructure_failure(&episode) else { return Ok(episode) };
+                    if reruns == INFRASTRUCTURE_RERUNS {
+                        return Err(format!(
+                            "episode {} failed {} times for reasons outside the policy; last: {why}",
+                            episode.episode_id,
+                            reruns + 1
+                        ));
+                    }
+                    reruns += 1;
+                    tracing::warn!(episode_id = %episode.episode_id, reruns, reason = %why, "episode failed outside the policy; rerunning it");
+                    tokio::time::sleep(Duration::from_millis(500 << reruns)).await;
+                }
+                Err(Failure::Rejected(why)) => return Err(format!("agent rejected the episode: {why}")),
+                Err(Failure::NoWorker(why)) if started.elapsed() > NO_WORKER_PATIENCE => {
+                    return Err(format!("no agent worker could run the episode for {NO_WORKER_PATIENCE:?}: {why}"));
+                }
+                Err(Failure::NoWorker(_)) => tokio::time::sleep(Duration::from_millis(500)).await,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sleuth_proto::common::v1::Trace;
+
+    fn ended(outcome: EpisodeOutcome, turns: u32, traced: bool) -> Episode {
+        Episode { outcome: outcome as i32, turns, trace: traced.then(Trace::default), ..Default::default() }
+    }
+
+    #[test]
+    fn only_the_policys_own_endings_are_scored() {
+        for outcome in [EpisodeOutcome::Completed, EpisodeOutcome::TurnLimit, EpisodeOutcome::TokenBudget] {
+            assert_eq!(infrastructure_failure(&ended(outcome, 2, true)), None, "{outcome:?}");
+        }
+        for outcome in [EpisodeOutcome::ToolError, EpisodeOutcome::ModelError] {
+            assert!(infrastructure_failure(&ended(outcome, 2, true)).is_some(), "{outcome:?}");
+        }
+        let untraced = infrastructure_failure(&ended(EpisodeOutcome::Completed, 2, false));
+        assert!(untraced.is_some_and(|why| why.contains("no trace")));
+        // No turn, no trace: nothing was sampled, nothing to trace.
+        assert_eq!(infrastructure_failure(&ended(EpisodeOutcome::Completed, 0, false)), None);
     }
 }

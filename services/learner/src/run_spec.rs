@@ -1,0 +1,140 @@
+//! A learner attached to an orchestrator (`SLEUTH_ORCHESTRATOR`) trains its
+//! run as the run's spec says: it reads the run through `GetRun` when it
+//! starts and takes every training setting from it (batch size, staleness,
+//! advantage, loss, learning rate, KL, checkpoint interval). Its own
+//! configuration then keeps only infrastructure (addresses, rank, storage,
+//! device), so the orchestrator's staleness window and the learner's steps
+//! are sized by the same numbers. Setting one of those flags as well is an
+//! error (clap's `conflicts_with`), never a silent override.
+
+use std::time::{Duration, Instant};
+
+use sleuth_proto::rollout::v1::rollout_orchestrator_client::RolloutOrchestratorClient;
+use sleuth_proto::rollout::v1::{GetRunRequest, RunSpec};
+use tonic::Code;
+
+use crate::{Config, Error};
+
+/// How often the learner asks again while it waits, and logs that it does.
+const RETRY: Duration = Duration::from_secs(2);
+const REPORT: Duration = Duration::from_secs(30);
+
+/// The spec of `run_id`, from the orchestrator at `address`. Waits, saying so,
+/// while the orchestrator is unreachable or the run not created yet: on
+/// Kubernetes the learner pod usually starts before `sleuth run create`.
+pub async fn fetch(address: &str, token: Option<&sleuth_kit::BearerToken>, run_id: &str) -> Result<RunSpec, Error> {
+    let mut client = RolloutOrchestratorClient::new(sleuth_kit::client::connect_lazy(address, token)?);
+    let mut reported: Option<Instant> = None;
+    loop {
+        let status = match client.get_run(GetRunRequest { run_id: run_id.to_owned() }).await {
+            Ok(run) => {
+                return run.into_inner().spec.ok_or_else(|| {
+                    Error::InvalidArgument(format!("run {run_id:?} on orchestrator {address} has no spec"))
+                });
+            }
+            Err(status) if matches!(status.code(), Code::Unauthenticated | Code::PermissionDenied) => {
+                return Err(Error::InvalidArgument(format!(
+                    "orchestrator {address} refused GetRun: {} (check SLEUTH_AUTH_TOKEN)",
+                    status.message()
+                )));
+            }
+            Err(status) => status,
+        };
+        if reported.is_none_or(|at| at.elapsed() >= REPORT) {
+            if status.code() == Code::NotFound {
+                tracing::info!(run = run_id, orchestrator = %address, "waiting for the run to be created (sleuth run create)");
+            } else {
+                tracing::warn!(orchestrator = %address, code = ?status.code(), message = status.message(), "waiting for the orchestrator");
+            }
+            reported = Some(Instant::now());
+        }
+        tokio::time::sleep(RETRY).await;
+    }
+}
+
+/// Takes the training settings of `spec` into `config`; fields the spec
+/// leaves at zero or empty keep the learner's defaults.
+pub fn apply(config: &mut Config, spec: &RunSpec) -> Result<(), Error> {
+    let invalid = |message: String| Error::InvalidArgument(message);
+    config.global_batch_size = spec.global_batch_size;
+    config.max_staleness = u64::from(spec.max_staleness);
+    if let Some(training) = &spec.training {
+        if !training.advantage.is_empty() {
+            config.advantage = training.advantage.clone();
+        }
+        if !training.loss.is_empty() {
+            config.loss = training.loss.clone();
+        }
+        if training.learning_rate > 0.0 {
+            config.learning_rate = training.learning_rate;
+        }
+        config.kl_coef = training.kl_coef;
+        if training.checkpoint_every > 0 {
+            config.checkpoint_every = u64::from(training.checkpoint_every);
+        }
+    }
+    if config.global_batch_size == 0 {
+        return Err(invalid("spec.global_batch_size must be at least 1, got 0".into()));
+    }
+    tracing::info!(
+        global_batch_size = config.global_batch_size,
+        max_staleness = config.max_staleness,
+        advantage = %config.advantage,
+        loss = %config.loss,
+        learning_rate = config.learning_rate,
+        kl_coef = config.kl_coef,
+        checkpoint_every = config.checkpoint_every,
+        "training settings from the run's spec"
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+    use sleuth_proto::rollout::v1::TrainingSpec;
+
+    use super::*;
+
+    fn config(extra: &[&str]) -> Result<Config, clap::Error> {
+        Config::try_parse_from([&["learner", "--run-id", "r", "--orchestrator", "127.0.0.1:50051"], extra].concat())
+    }
+
+    #[test]
+    fn the_spec_sets_every_training_setting() {
+        let mut config = config(&[]).unwrap();
+        let spec = RunSpec {
+            global_batch_size: 3,
+            max_staleness: 2,
+            training: Some(TrainingSpec {
+                advantage: "rloo".into(),
+                loss: "cispo".into(),
+                learning_rate: 3e-5,
+                kl_coef: 0.01,
+                checkpoint_every: 7,
+                eval_every: 0,
+            }),
+            ..Default::default()
+        };
+        apply(&mut config, &spec).unwrap();
+        assert_eq!((config.global_batch_size, config.max_staleness, config.checkpoint_every), (3, 2, 7));
+        assert_eq!((config.advantage.as_str(), config.loss.as_str()), ("rloo", "cispo"));
+        assert_eq!((config.learning_rate, config.kl_coef), (3e-5, 0.01));
+    }
+
+    #[test]
+    fn a_training_flag_beside_an_orchestrator_is_an_error() {
+        for flag in [
+            "--global-batch-size",
+            "--max-staleness",
+            "--advantage",
+            "--loss",
+            "--learning-rate",
+            "--kl-coef",
+            "--checkpoint-every",
+        ] {
+            let error = config(&[flag, "2"]).unwrap_err().to_string();
+            assert!(error.contains(flag) && error.contains("--orchestrator"), "{flag}: {error}");
+        }
+    }
+}
