@@ -146,7 +146,7 @@ pub fn imprint_cached(smollm2: &Path, reply: &str, tools: &[serde_json::Value]) 
 pub struct Mesh {
     pub tools: ServiceProcess,
     pub policy: ServiceProcess,
-    _gateway: ServiceProcess,
+    gateway: ServiceProcess,
     pub agents: Vec<ServiceProcess>,
     pub redis_url: String,
     _redis: sleuth_testkit::TestServer,
@@ -184,15 +184,17 @@ impl Mesh {
                 ("SLEUTH_HTTP_LISTEN", "127.0.0.1:0".into()),
             ],
         )?;
-        let agents = (0..agents)
-            .map(|_| {
-                ServiceProcess::start(
-                    "agent",
-                    &[("SLEUTH_INFERENCE_GATEWAY", gateway.addr.clone()), ("SLEUTH_TOOL_GATEWAY", tools.addr.clone())],
-                )
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok(Self { tools, policy, _gateway: gateway, agents, redis_url, _redis: redis, model: model_dir })
+        let mut mesh = Self { tools, policy, gateway, agents: Vec::new(), redis_url, _redis: redis, model: model_dir };
+        mesh.agents = (0..agents).map(|_| mesh.agent(&[])).collect::<Result<Vec<_>>>()?;
+        Ok(mesh)
+    }
+
+    /// Another agent worker on this mesh's gateways, with `env` on top.
+    pub fn agent(&self, env: &[(&str, String)]) -> Result<ServiceProcess> {
+        let mut env = env.to_vec();
+        env.push(("SLEUTH_INFERENCE_GATEWAY", self.gateway.addr.clone()));
+        env.push(("SLEUTH_TOOL_GATEWAY", self.tools.addr.clone()));
+        ServiceProcess::start("agent", &env)
     }
 
     pub async fn client(&self) -> Result<AgentClient<MeshChannel>> {

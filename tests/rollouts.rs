@@ -56,6 +56,18 @@ async fn budgets_and_failures_end_episodes_with_the_right_outcome() -> Result<()
     assert_eq!(observations.len(), 3, "every search ran; history kept whole");
     assert!(observations[0].contains("rain"), "{}", observations[0]);
 
+    // An episode outlives the kit's generic request timeout (here 10 ms; three
+    // turns of generation and search take far longer): RunEpisode is bounded
+    // by the episode's own deadline, not cut and reported as a dead worker.
+    let patient = mesh.agent(&[("SLEUTH_REQUEST_TIMEOUT", "10ms".into())])?;
+    sleuth_testkit::service::wait_serving(&patient.addr, "sleuth.agent.v1.Agent").await?;
+    let mut patient_client = sleuth_proto::agent::v1::agent_client::AgentClient::new(
+        connect(&patient.addr, None, Duration::from_secs(5)).await?,
+    );
+    let long = run(&mut patient_client, "search-long", budget(3, 64, 8192)).await?;
+    assert_eq!((long.outcome(), long.turns), (EpisodeOutcome::TurnLimit, 3), "{}", long.outcome_detail);
+    drop(patient);
+
     let cut = run(&mut agent, "search-2", budget(3, 5, 8192)).await?;
     assert_eq!(cut.outcome(), EpisodeOutcome::TokenBudget, "per-turn budget: {}", cut.outcome_detail);
     let prompt_tokens = looped.trace.as_ref().context("trace")?.segments[0].token_ids.len() as u32;

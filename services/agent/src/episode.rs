@@ -11,12 +11,8 @@ use sleuth_proto::tools::v1 as tools;
 use sleuth_proto::tools::v1::tool_gateway_client::ToolGatewayClient;
 use tonic::Code;
 
+use crate::budget::Budget;
 use crate::prompt::{SUBMIT_TOOL, SYSTEM_PROMPT, parse_submission, submit_tool};
-
-/// Budgets when the request leaves them at 0.
-const DEFAULT_MAX_TURNS: u32 = 8;
-const DEFAULT_TURN_TOKENS: u32 = 512;
-const DEFAULT_EPISODE_TOKENS: u32 = 8192;
 
 /// The observation after a tool call the gateway could not parse.
 pub const MALFORMED_CALL: &str = "Error: the tool call could not be parsed. Call tools as \
@@ -66,12 +62,8 @@ pub fn validate(request: &RunEpisodeRequest) -> Result<(), String> {
 pub async fn run(clients: &Clients, request: &RunEpisodeRequest) -> Episode {
     let task = request.task.clone().unwrap_or_default();
     let config = request.config.clone().unwrap_or_default();
-    let budget = config.budget.unwrap_or_default();
-    let max_turns = if budget.max_turns == 0 { DEFAULT_MAX_TURNS } else { budget.max_turns };
-    let turn_tokens =
-        if budget.max_new_tokens_per_turn == 0 { DEFAULT_TURN_TOKENS } else { budget.max_new_tokens_per_turn };
-    let episode_tokens =
-        if budget.max_episode_tokens == 0 { DEFAULT_EPISODE_TOKENS } else { budget.max_episode_tokens };
+    let budget = Budget::of(config.budget);
+    let (max_turns, turn_tokens, episode_tokens) = (budget.max_turns, budget.turn_tokens, budget.episode_tokens);
     let system = if config.system_prompt.is_empty() { SYSTEM_PROMPT.to_owned() } else { config.system_prompt.clone() };
     let mut messages = vec![
         ChatMessage { role: "system".into(), content: system, ..Default::default() },

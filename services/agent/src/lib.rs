@@ -4,6 +4,7 @@
 //! - [`prompt`]: what the model is told (system prompt, answer tool);
 //! - [`episode`]: the loop of one episode, its budgets and outcomes.
 
+pub mod budget;
 pub mod episode;
 pub mod prompt;
 
@@ -35,6 +36,13 @@ pub struct Config {
     /// Tool gateway the agent's tool calls go to (host:port).
     #[arg(long, env = "SLEUTH_TOOL_GATEWAY", default_value = "127.0.0.1:50053")]
     pub tool_gateway: String,
+
+    /// Longest episode this worker serves. RunEpisode lasts as long as its
+    /// episode, so this (not the kit's generic SLEUTH_REQUEST_TIMEOUT) bounds
+    /// it; the orchestrator sends each episode a deadline from its budgets
+    /// (`budget::Budget::deadline`), which wins when shorter.
+    #[arg(long, env = "SLEUTH_EPISODE_TIMEOUT", default_value = "24h", value_parser = humantime::parse_duration)]
+    pub episode_timeout: std::time::Duration,
 
     /// Episodes this worker runs at once; more are refused with RESOURCE_EXHAUSTED.
     #[arg(long, env = "SLEUTH_MAX_EPISODES", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
@@ -104,10 +112,11 @@ impl Agent for Handlers {
 
 /// Serves the agent on `listener` until `shutdown` resolves.
 pub async fn run(
-    config: Config,
+    mut config: Config,
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
+    config.serve.request_timeout = config.serve.request_timeout.max(config.episode_timeout);
     let token = config.serve.bearer_token()?;
     let clients = episode::Clients {
         model: InferenceGatewayClient::new(sleuth_kit::client::connect_lazy(

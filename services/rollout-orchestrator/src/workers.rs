@@ -104,11 +104,19 @@ impl Workers {
         attempt_id: impl Fn(usize) -> String,
     ) -> Result<RunEpisodeResponse, Failure> {
         let mut last = String::from("no agent workers configured");
+        // The episode's own deadline, from its budgets: long episodes are
+        // normal, a worker silent past this is not.
+        let deadline = agent::budget::Budget::of(request.config.as_ref().and_then(|c| c.budget)).deadline();
         for (attempt, worker) in self.order().into_iter().enumerate() {
-            let mut request = request.clone();
-            request.episode_id = attempt_id(attempt);
+            let mut request = tonic::Request::new(request.clone());
+            request.get_mut().episode_id = attempt_id(attempt);
+            request.set_timeout(deadline);
             worker.in_flight.fetch_add(1, Ordering::Relaxed);
-            let result = worker.client.clone().run_episode(request).await;
+            // The worker enforces the deadline it is sent; the caller too, for a worker that hangs whole.
+            let mut client = worker.client.clone();
+            let result = tokio::time::timeout(deadline + Duration::from_secs(30), client.run_episode(request))
+                .await
+                .unwrap_or_else(|_| Err(tonic::Status::deadline_exceeded(format!("no answer within {deadline:?}"))));
             worker.in_flight.fetch_sub(1, Ordering::Relaxed);
             match result {
                 Ok(response) => {
