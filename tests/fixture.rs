@@ -206,15 +206,21 @@ impl Mesh {
 
     /// An orchestrator over this mesh's agent workers, with its state in `database`.
     pub async fn orchestrator(&self, database: &Path) -> Result<(ServiceProcess, OrchestratorClient<MeshChannel>)> {
+        self.orchestrator_with(database, &[]).await
+    }
+
+    /// [`Mesh::orchestrator`] with `env` on top.
+    pub async fn orchestrator_with(
+        &self,
+        database: &Path,
+        env: &[(&str, String)],
+    ) -> Result<(ServiceProcess, OrchestratorClient<MeshChannel>)> {
         let workers: Vec<String> = self.agents.iter().map(|a| a.addr.clone()).collect();
-        let process = ServiceProcess::start(
-            "rollout-orchestrator",
-            &[
-                ("SLEUTH_REDIS_URL", self.redis_url.clone()),
-                ("SLEUTH_DATABASE_URL", format!("sqlite://{}", database.display())),
-                ("SLEUTH_AGENT_WORKERS", workers.join(",")),
-            ],
-        )?;
+        let mut env = env.to_vec();
+        env.push(("SLEUTH_REDIS_URL", self.redis_url.clone()));
+        env.push(("SLEUTH_DATABASE_URL", format!("sqlite://{}", database.display())));
+        env.push(("SLEUTH_AGENT_WORKERS", workers.join(",")));
+        let process = ServiceProcess::start("rollout-orchestrator", &env)?;
         sleuth_testkit::service::wait_serving(&process.addr, "sleuth.rollout.v1.RolloutOrchestrator").await?;
         let client = OrchestratorClient::new(connect(&process.addr, None, Duration::from_secs(5)).await?);
         Ok((process, client))

@@ -256,6 +256,43 @@ async fn flat_groups_never_stall_a_run() -> Result<()> {
     Ok(())
 }
 
+/// A run whose workers are all gone fails once its fault patience is spent,
+/// naming why; created again with the same id and spec, it resumes where it
+/// stopped and publishes every group exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_run_resumes_where_it_stopped() -> Result<()> {
+    let scratch = tempfile::tempdir()?;
+    let Policies { index, submitter, .. } = policies(scratch.path()).await?;
+    let mut mesh = Mesh::with_agents(&submitter, &index, 1)?;
+    mesh.client().await?;
+    let patience = [("SLEUTH_FAULT_PATIENCE", "2s".to_owned())];
+    let (_orchestrator, mut client) = mesh.orchestrator_with(&scratch.path().join("runs.db"), &patience).await?;
+    let worker = mesh.agents[0].addr.clone();
+    mesh.agents[0].kill()?;
+    let create = rollout::CreateRunRequest { spec: Some(spec(&index, 2, 2, 2, 100, 4)), run_id: "resumed".into() };
+    client.create_run(create.clone()).await?;
+    let failed = |run: &rollout::Run| run.status == rollout::RunStatus::Failed as i32;
+    let failed = wait_for(&mut client, "resumed", Duration::from_secs(60), failed).await?;
+    assert!(failed.status_detail.contains("no agent worker"), "{}", failed.status_detail);
+
+    // The worker comes back where it was; the same CreateRun resumes the run.
+    mesh.agents[0] = mesh.agent(&[("SLEUTH_LISTEN", worker)])?;
+    mesh.client().await?;
+    let mut other = create.clone();
+    other.spec.as_mut().context("spec")?.group_size = 3;
+    let status = client.create_run(other).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::FailedPrecondition, "{status:?}");
+    client.create_run(create).await?;
+    let succeeded = |run: &rollout::Run| run.status == rollout::RunStatus::Succeeded as i32;
+    let finished = wait_for(&mut client, "resumed", Duration::from_secs(90), succeeded).await?;
+    assert_eq!(published(&finished), 6);
+    let groups = stream_groups(&mesh.redis_url, "resumed").await?;
+    let mut ids: Vec<&str> = groups.iter().map(|g| g.group_id.as_str()).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, ["e0-q1", "e0-q2", "e0-q3", "e0-q4", "e0-q5", "e0-q6"], "every group once");
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runs_survive_a_dead_worker_and_an_orchestrator_restart() -> Result<()> {
     let scratch = tempfile::tempdir()?;

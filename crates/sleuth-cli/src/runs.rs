@@ -33,7 +33,7 @@ pub enum RunCommand {
     Create {
         #[arg(short = 'f', long = "file")]
         file: PathBuf,
-        /// Run id (idempotent create); generated when omitted.
+        /// Run id (idempotent create; the id of a failed run resumes it); generated when omitted.
         #[arg(long)]
         id: Option<String>,
         /// Follow the run until it ends (exit code from its outcome).

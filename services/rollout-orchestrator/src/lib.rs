@@ -59,6 +59,13 @@ pub struct Config {
     #[arg(long, env = "SLEUTH_REPORT_DIR", default_value = "evaluations")]
     pub report_dir: std::path::PathBuf,
 
+    /// How long a run rides out a fault before it fails: an episode waiting
+    /// for a live agent worker, Redis or the database being unreachable (a
+    /// pod rescheduled, a failover). A failed run resumes with `CreateRun`
+    /// of the same run id and spec.
+    #[arg(long, env = "SLEUTH_FAULT_PATIENCE", default_value = "2m", value_parser = humantime::parse_duration)]
+    pub fault_patience: std::time::Duration,
+
     #[command(flatten)]
     pub serve: ServeArgs,
 
@@ -192,6 +199,18 @@ impl RolloutOrchestrator for Handlers {
         if self.runner.state.create(&run_id, &spec).await.map_err(internal)? {
             tracing::info!(run = %run_id, "run created");
             self.runner.start(run_id.clone(), spec);
+        } else if let Some(existing) = self.runner.state.run(&run_id).await.map_err(internal)?
+            && existing.status == pb::RunStatus::Failed as i32
+        {
+            // A failed run resumes where it stopped: published groups are skipped.
+            if existing.spec.as_ref() != Some(&spec) {
+                return Err(Status::failed_precondition(format!(
+                    "run {run_id:?} failed with another spec; resume it with the same spec, or create a new run"
+                )));
+            }
+            self.runner.state.set_status(&run_id, pb::RunStatus::Running, "").await.map_err(internal)?;
+            tracing::info!(run = %run_id, reason = %existing.status_detail, "failed run resumed");
+            self.runner.start(run_id.clone(), spec);
         }
         Ok(Response::new(self.load(&run_id).await?))
     }
@@ -310,7 +329,7 @@ pub async fn run(
     let redis = RedisStore::open(&config.redis.redis_url)?;
     let token = config.serve.bearer_token()?;
     let state = state::State::open(database.clone()).await?;
-    let workers = workers::Workers::new(&config.agent_workers, token.as_ref())?;
+    let workers = workers::Workers::new(&config.agent_workers, token.as_ref(), config.fault_patience)?;
     let tools = match &config.tool_gateway {
         Some(address) => Some(sleuth_proto::tools::v1::tool_gateway_client::ToolGatewayClient::new(
             sleuth_kit::client::connect_lazy(address, token.as_ref())?,
@@ -327,8 +346,14 @@ pub async fn run(
         "{:x}",
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis())
     );
-    let runner =
-        Runner { state: state.clone(), redis: redis.clone(), workers, live: Arc::new(Mutex::default()), incarnation };
+    let runner = Runner {
+        state: state.clone(),
+        redis: redis.clone(),
+        workers,
+        live: Arc::new(Mutex::default()),
+        incarnation,
+        patience: config.fault_patience,
+    };
     for run in state.unfinished().await? {
         if let Some(spec) = run.spec {
             tracing::info!(run = %run.run_id, "resuming run");

@@ -75,9 +75,34 @@ pub struct Runner {
     /// restart, a rerun episode must not reuse the trace of one that was
     /// still running when the previous process died.
     pub incarnation: String,
+    /// How long Redis or the database may be unreachable before a run fails.
+    pub patience: Duration,
 }
 
 impl Runner {
+    /// Runs the store operation `op` until it succeeds, retrying with backoff
+    /// for up to the configured patience (a store restarting must not end a
+    /// run); every operation it wraps is idempotent.
+    async fn durable<T, E: std::fmt::Display, F: std::future::Future<Output = Result<T, E>>>(
+        &self,
+        what: &str,
+        mut op: impl FnMut() -> F,
+    ) -> Result<T, String> {
+        let started = std::time::Instant::now();
+        let mut delay = Duration::from_millis(100);
+        loop {
+            match op().await {
+                Ok(value) => return Ok(value),
+                Err(error) if started.elapsed() < self.patience => {
+                    tracing::warn!(%error, operation = what, retry_in = ?delay, "store unavailable; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(5));
+                }
+                Err(error) => return Err(format!("{what}: {error} (retried for {:?})", self.patience)),
+            }
+        }
+    }
+
     pub fn progress(&self, run_id: &str) -> Option<(RunProgress, RunStatus)> {
         self.live.lock().expect("live").get(run_id).map(|l| (l.progress, l.status))
     }
@@ -138,8 +163,11 @@ impl Runner {
         let epochs = spec.max_epochs.max(1) as usize;
         let batch = spec.global_batch_size.max(1) as usize;
         let slots = Arc::new(Semaphore::new(spec.rollout_max_concurrency.max(1) as usize));
-        let known: HashSet<String> =
-            self.state.published_groups(run_id).await.map_err(|e| e.to_string())?.into_iter().collect();
+        let known: HashSet<String> = self
+            .durable("reading the run's groups", || self.state.published_groups(run_id))
+            .await?
+            .into_iter()
+            .collect();
         self.update(run_id, |p| {
             p.groups_total = (tasks.len() * epochs) as u64;
             p.groups_published = known.len() as u64;
@@ -152,16 +180,23 @@ impl Runner {
                 if known.contains(&group_id) {
                     continue;
                 }
-                if trajectories::is_published(&self.redis, run_id, &group_id).await.map_err(|e| e.to_string())? {
+                if self
+                    .durable("checking a group's marker", || trajectories::is_published(&self.redis, run_id, &group_id))
+                    .await?
+                {
                     // Published before a crash, not yet recorded: record, never republish.
-                    self.state.record_group(run_id, &group_id, "", 0.0, 0).await.map_err(|e| e.to_string())?;
+                    self.durable("recording a group", || self.state.record_group(run_id, &group_id, "", 0.0, 0))
+                        .await?;
                     self.update(run_id, |p| p.groups_published += 1);
                     continue;
                 }
                 let version = loop {
-                    let learner =
-                        trajectories::learner_version(&self.redis, run_id).await.map_err(|e| e.to_string())?;
-                    let taken = trajectories::groups_taken(&self.redis, run_id).await.map_err(|e| e.to_string())?;
+                    let learner = self
+                        .durable("reading the learner's version", || trajectories::learner_version(&self.redis, run_id))
+                        .await?;
+                    let taken = self
+                        .durable("reading the learner's progress", || trajectories::groups_taken(&self.redis, run_id))
+                        .await?;
                     self.update(run_id, |p| {
                         p.step = learner;
                         p.policy_version = learner;
@@ -259,7 +294,7 @@ impl Runner {
                 total_tokens: episode.total_tokens,
                 policy_version: episode.max_policy_version,
             };
-            self.state.record_episode(run_id, &group_id, &summary).await.map_err(|e| e.to_string())?;
+            self.durable("recording an episode", || self.state.record_episode(run_id, &group_id, &summary)).await?;
             if let Some(live) = self.live.lock().expect("live").get_mut(run_id) {
                 live.progress.episodes_finished += 1;
                 let _ = live.episodes.send(summary);
@@ -274,14 +309,16 @@ impl Runner {
             episodes,
             policy_version: version,
         };
-        let published = trajectories::publish_once(&self.redis, run_id, &group_id, &group.encode_to_vec())
-            .await
-            .map_err(|e| e.to_string())?;
+        // Retried safely: the marker makes a repeated publication a no-op, the insert ignores a repeat.
+        let encoded = group.encode_to_vec();
+        let published = self
+            .durable("publishing a group", || trajectories::publish_once(&self.redis, run_id, &group_id, &encoded))
+            .await?;
         let stream_id = published.map(|id| id.to_string()).unwrap_or_default();
-        self.state
-            .record_group(run_id, &group_id, &stream_id, reward_mean, version)
-            .await
-            .map_err(|e| e.to_string())?;
+        self.durable("recording a group", || {
+            self.state.record_group(run_id, &group_id, &stream_id, reward_mean, version)
+        })
+        .await?;
         self.update(run_id, |p| p.groups_published += 1);
         tracing::info!(run = %run_id, group = %group_id, reward_mean, "group published");
         Ok(())

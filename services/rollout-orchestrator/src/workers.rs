@@ -22,8 +22,6 @@ use tonic::Code;
 
 /// How long a failed worker is skipped.
 const BENCH: Duration = Duration::from_secs(5);
-/// How long an episode keeps looking for a live worker before it fails.
-const NO_WORKER_PATIENCE: Duration = Duration::from_secs(120);
 /// Reruns of an episode that keeps failing outside the policy; then it fails
 /// (and so does its run) with the last reason, instead of being trained on.
 const INFRASTRUCTURE_RERUNS: u32 = 3;
@@ -50,6 +48,8 @@ struct Worker {
 #[derive(Clone)]
 pub struct Workers {
     workers: Arc<Vec<Worker>>,
+    /// How long an episode keeps looking for a live worker before it fails.
+    patience: Duration,
 }
 
 /// Why an episode could not run on any worker.
@@ -62,7 +62,11 @@ pub enum Failure {
 }
 
 impl Workers {
-    pub fn new(addresses: &[String], token: Option<&sleuth_kit::BearerToken>) -> Result<Self, sleuth_kit::KitError> {
+    pub fn new(
+        addresses: &[String],
+        token: Option<&sleuth_kit::BearerToken>,
+        patience: Duration,
+    ) -> Result<Self, sleuth_kit::KitError> {
         let workers = addresses
             .iter()
             .filter(|a| !a.is_empty())
@@ -75,7 +79,7 @@ impl Workers {
                 })
             })
             .collect::<Result<Vec<_>, sleuth_kit::KitError>>()?;
-        Ok(Self { workers: Arc::new(workers) })
+        Ok(Self { workers: Arc::new(workers), patience })
     }
 
     pub fn len(&self) -> usize {
@@ -137,7 +141,7 @@ impl Workers {
     }
 
     /// Runs the episode until it ends with one of the policy's own outcomes:
-    /// with no live worker it keeps trying for [`NO_WORKER_PATIENCE`]; an
+    /// with no live worker it keeps trying for the configured patience; an
     /// episode that fails outside the policy is rerun (fresh episode id and
     /// trace, backing off) up to [`INFRASTRUCTURE_RERUNS`] times.
     /// `attempt_id(n)` names the n-th attempt; no two attempts share an id.
@@ -167,8 +171,8 @@ impl Workers {
                     tokio::time::sleep(Duration::from_millis(500 << reruns)).await;
                 }
                 Err(Failure::Rejected(why)) => return Err(format!("agent rejected the episode: {why}")),
-                Err(Failure::NoWorker(why)) if started.elapsed() > NO_WORKER_PATIENCE => {
-                    return Err(format!("no agent worker could run the episode for {NO_WORKER_PATIENCE:?}: {why}"));
+                Err(Failure::NoWorker(why)) if started.elapsed() > self.patience => {
+                    return Err(format!("no agent worker could run the episode for {:?}: {why}", self.patience));
                 }
                 Err(Failure::NoWorker(_)) => tokio::time::sleep(Duration::from_millis(500)).await,
             }
