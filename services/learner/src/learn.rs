@@ -29,7 +29,7 @@ use crate::trainer::{StepStats, Trainer};
 /// How often an idle learner looks for new groups.
 const POLL: std::time::Duration = std::time::Duration::from_millis(200);
 /// How often an idle learner checks that every policy server serves its
-/// current weights (see [`reconcile`]).
+/// current weights (see [`crate::publish::reconcile`]).
 const RECONCILE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// What rank 0 tells the others to do next.
@@ -86,7 +86,7 @@ pub type SharedProgress = Arc<Mutex<Progress>>;
 
 /// Runs `f` on the trainer on the libtorch thread (libtorch and the TCP
 /// collectives block) and hands the trainer back.
-async fn blocking<T: Send + 'static>(
+pub(crate) async fn blocking<T: Send + 'static>(
     trainer: Trainer,
     f: impl FnOnce(&mut Trainer) -> T + Send + 'static,
 ) -> Result<(Trainer, T), Error> {
@@ -169,7 +169,7 @@ pub async fn lead(
                     let fresh = consumer.read_new(plan.global_batch_size).await?;
                     if fresh.is_empty() {
                         if last_reconcile.elapsed() >= RECONCILE {
-                            trainer = reconcile(trainer, &sources, meta.step).await?;
+                            trainer = crate::publish::reconcile(trainer, &sources, meta.step).await?;
                             last_reconcile = std::time::Instant::now();
                         }
                         tokio::select! {
@@ -224,7 +224,7 @@ pub async fn lead(
             blocking(trainer, move |t| publishing.then(|| crate::publish::update_requests(step, &t.named_tensors())))
                 .await?;
         trainer = t;
-        let published = publish(update, &sources, stats.step).await;
+        let published = crate::publish::publish_step(update, &sources, stats.step).await;
         trajectories::set_learner_version(&sources.redis, &plan.run_id, stats.step).await?;
         let extra = serde_json::json!({
             "groups": groups,
@@ -357,47 +357,6 @@ fn take_group(entry: &Entry, plan: &Plan, version: u64) -> Taken {
         Ok(None) => Taken::Filtered,
         Err(e) => Taken::Rejected(e.to_string()),
     }
-}
-
-/// Brings every policy server that serves an older version than `step` (a
-/// failed publication, a restarted server on its base weights) to the
-/// current weights.
-async fn reconcile(trainer: Trainer, sources: &Sources, step: u64) -> Result<Trainer, Error> {
-    if step == 0 || sources.publisher.is_empty() {
-        return Ok(trainer);
-    }
-    let behind = sources.publisher.behind(step).await;
-    if behind.is_empty() {
-        return Ok(trainer);
-    }
-    let (trainer, requests) =
-        blocking(trainer, move |t| crate::publish::update_requests(step, &t.named_tensors())).await?;
-    let published = sources.publisher.publish_to(&behind, requests).await;
-    tracing::info!(
-        version = step,
-        servers = published.servers_updated,
-        failures = published.failures.len(),
-        "weights republished"
-    );
-    Ok(trainer)
-}
-
-/// Sends the new weights to the policy servers; returns how long it took.
-async fn publish(
-    requests: Option<Vec<sleuth_proto::policy::v1::UpdateWeightsRequest>>,
-    sources: &Sources,
-    version: u64,
-) -> std::time::Duration {
-    let Some(requests) = requests else { return std::time::Duration::ZERO };
-    let published = sources.publisher.publish(requests).await;
-    tracing::info!(
-        version,
-        servers = published.servers_updated,
-        failures = published.failures.len(),
-        seconds = published.elapsed.as_secs_f64(),
-        "weights published"
-    );
-    published.elapsed
 }
 
 /// Every rank's shard, the merged HF export, then the seal.

@@ -17,6 +17,10 @@ use sleuth_proto::policy::v1::{
 };
 use tch::{Device, Kind, Tensor};
 
+use crate::Error;
+use crate::learn::Sources;
+use crate::trainer::Trainer;
+
 const CHUNK_BYTES: usize = 4 << 20;
 
 /// The requests of one update: a header, then every tensor in chunks (f32, little-endian).
@@ -130,4 +134,45 @@ impl Publisher {
         published.elapsed = started.elapsed();
         published
     }
+}
+
+/// Brings every policy server that serves an older version than `step` (a
+/// failed publication, a restarted server on its base weights) to the
+/// current weights.
+pub(crate) async fn reconcile(trainer: Trainer, sources: &Sources, step: u64) -> Result<Trainer, Error> {
+    if step == 0 || sources.publisher.is_empty() {
+        return Ok(trainer);
+    }
+    let behind = sources.publisher.behind(step).await;
+    if behind.is_empty() {
+        return Ok(trainer);
+    }
+    let (trainer, requests) =
+        crate::learn::blocking(trainer, move |t| update_requests(step, &t.named_tensors())).await?;
+    let published = sources.publisher.publish_to(&behind, requests).await;
+    tracing::info!(
+        version = step,
+        servers = published.servers_updated,
+        failures = published.failures.len(),
+        "weights republished"
+    );
+    Ok(trainer)
+}
+
+/// Sends the new weights to the policy servers; returns how long it took.
+pub(crate) async fn publish_step(
+    requests: Option<Vec<UpdateWeightsRequest>>,
+    sources: &Sources,
+    version: u64,
+) -> Duration {
+    let Some(requests) = requests else { return Duration::ZERO };
+    let published = sources.publisher.publish(requests).await;
+    tracing::info!(
+        version,
+        servers = published.servers_updated,
+        failures = published.failures.len(),
+        seconds = published.elapsed.as_secs_f64(),
+        "weights published"
+    );
+    published.elapsed
 }

@@ -1,0 +1,142 @@
+//! The learner's configuration, from flags or `SLEUTH_*` environment
+//! variables: infrastructure (addresses, rank, storage, device) and, for a
+//! learner without an orchestrator, the training settings a run's spec
+//! otherwise gives (see `run_spec`).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use sleuth_kit::{ServeArgs, TelemetryArgs};
+use sleuth_store::{DatabaseArgs, RedisArgs, S3Args};
+use sleuth_torch::DeviceSpec;
+
+use crate::loss::Aggregation;
+
+/// What the learner trains with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Mode {
+    /// Policy gradient from group advantages.
+    Rl,
+    /// Cross-entropy on teacher trajectories (assistant tokens only).
+    Sft,
+}
+
+/// Configuration, from flags or `SLEUTH_*` environment variables. Ranks
+/// come from `WORLD_SIZE`, `RANK`, `MASTER_ADDR`, `MASTER_PORT` (one rank when unset).
+#[derive(clap::Parser, Debug, Clone)]
+#[command(
+    name = "learner",
+    version,
+    about = "Trains the policy from trajectory groups (GRPO family, trajectory SFT) and publishes weights."
+)]
+pub struct Config {
+    /// Address to listen on for gRPC.
+    #[arg(long, env = "SLEUTH_LISTEN", default_value = "0.0.0.0:50056")]
+    pub listen: SocketAddr,
+
+    /// The run whose trajectory stream to train on.
+    #[arg(long, env = "SLEUTH_RUN_ID")]
+    pub run_id: String,
+
+    /// The rollout orchestrator that owns the run (host:port). When set, the
+    /// learner reads the run's spec from it at start and takes every training
+    /// setting from there (see `run_spec`); the flags below that the spec
+    /// covers may then not be set.
+    #[arg(long, env = "SLEUTH_ORCHESTRATOR")]
+    pub orchestrator: Option<String>,
+
+    #[command(flatten)]
+    pub redis: RedisArgs,
+
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+
+    /// The initial policy (HF-format directory). Default: the imported SmolLM2.
+    #[arg(long, env = "SLEUTH_MODEL")]
+    pub model: Option<PathBuf>,
+
+    /// Device to train on: auto (CUDA when present), cpu, cuda or cuda:N.
+    #[arg(long, env = "SLEUTH_DEVICE", default_value = "auto")]
+    pub device: DeviceSpec,
+
+    /// Dtype of the forward and backward passes: auto (bf16 where the device
+    /// computes it natively: CUDA, CPUs with AVX512-BF16 or AMX; f32
+    /// elsewhere), f32 or bf16. Parameter shards, gradients and AdamW state
+    /// stay in f32 (f64 for gradient sums) whatever this is.
+    #[arg(long, env = "SLEUTH_DTYPE", default_value = "auto")]
+    pub dtype: sleuth_torch::DtypeSpec,
+
+    #[arg(long, env = "SLEUTH_MODE", value_enum, default_value = "rl")]
+    pub mode: Mode,
+
+    /// grpo, dr_grpo, rloo, grpo_pass_at_k[:K].
+    #[arg(long, env = "SLEUTH_ADVANTAGE", conflicts_with = "orchestrator", default_value = "grpo")]
+    pub advantage: String,
+
+    /// ppo, cispo, importance_sampling.
+    #[arg(long, env = "SLEUTH_LOSS", conflicts_with = "orchestrator", default_value = "ppo")]
+    pub loss: String,
+
+    #[arg(long, env = "SLEUTH_LOSS_AGGREGATION", value_enum, default_value = "token-mean")]
+    pub loss_aggregation: Aggregation,
+
+    /// Truncated importance-sampling cap for train/inference mismatch; 0 = off.
+    #[arg(long, env = "SLEUTH_TIS_CAP", default_value_t = 2.0)]
+    pub tis_cap: f64,
+
+    /// KL coefficient to the initial (frozen) policy; 0 = off (no reference copy is held).
+    #[arg(long, env = "SLEUTH_KL_COEF", conflicts_with = "orchestrator", default_value_t = 0.0)]
+    pub kl_coef: f64,
+
+    #[arg(long, env = "SLEUTH_LEARNING_RATE", conflicts_with = "orchestrator", default_value_t = 1e-6)]
+    pub learning_rate: f64,
+
+    #[arg(long, env = "SLEUTH_WEIGHT_DECAY", default_value_t = 0.0)]
+    pub weight_decay: f64,
+
+    /// Global gradient-norm clip; 0 = off.
+    #[arg(long, env = "SLEUTH_MAX_GRAD_NORM", default_value_t = 1.0)]
+    pub max_grad_norm: f64,
+
+    /// Episodes per forward/backward pass (gradient accumulation over the rest).
+    #[arg(long, env = "SLEUTH_MICRO_BATCH", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
+    pub micro_batch: u32,
+
+    /// Trainable groups (prompts) per optimizer step.
+    #[arg(long, env = "SLEUTH_GLOBAL_BATCH_SIZE", conflicts_with = "orchestrator", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..))]
+    pub global_batch_size: u32,
+
+    /// Groups produced by a policy more than this many versions old are dropped.
+    #[arg(long, env = "SLEUTH_MAX_STALENESS", conflicts_with = "orchestrator", default_value_t = 1)]
+    pub max_staleness: u64,
+
+    /// Checkpoint every this many steps (and at max_steps).
+    #[arg(long, env = "SLEUTH_CHECKPOINT_EVERY", conflicts_with = "orchestrator", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    pub checkpoint_every: u64,
+
+    /// Where checkpoints go: a directory or s3://bucket/prefix.
+    #[arg(long, env = "SLEUTH_CHECKPOINT_URI", default_value = "checkpoints")]
+    pub checkpoint_uri: String,
+
+    #[command(flatten)]
+    pub s3: S3Args,
+
+    /// Stop after this many steps; 0 = train until shut down.
+    #[arg(long, env = "SLEUTH_MAX_STEPS", default_value_t = 0)]
+    pub max_steps: u64,
+
+    /// Policy servers to publish each step's weights to (host:port, comma separated).
+    #[arg(long, env = "SLEUTH_POLICY_SERVERS", value_delimiter = ',')]
+    pub policy_servers: Vec<String>,
+
+    /// libtorch intra-op threads (0: OMP_NUM_THREADS when set, else the CPUs
+    /// this process may use, a pod's CPU limit included).
+    #[arg(long, env = "SLEUTH_TORCH_THREADS", default_value_t = 0)]
+    pub torch_threads: usize,
+
+    #[command(flatten)]
+    pub serve: ServeArgs,
+
+    #[command(flatten)]
+    pub telemetry: TelemetryArgs,
+}
