@@ -419,18 +419,14 @@ async fn a_policy_server_that_missed_a_version_gets_the_current_weights() -> Res
     use sleuth_proto::policy::v1::policy_server_client::PolicyServerClient;
 
     let scratch = tempfile::tempdir()?;
-    let model = scratch.path().join("model");
-    tiny_model(&model)?;
-    let model = model.to_str().context("utf-8")?.to_owned();
-    let redis_server = sleuth_testkit::redis()?;
-    let redis_url = sleuth_testkit::redis_url(&redis_server);
-    let redis = RedisStore::open(&redis_url)?;
+    let (env, _redis_server) = Env::start(scratch.path())?;
+    let (model, redis_url, database) = (env.model.to_str().context("utf-8")?, &env.redis_url, &env.database);
+    let redis = RedisStore::open(redis_url)?;
     for i in 0..2 {
         publish(&redis, "late", &group(i, false).encode_to_vec()).await?;
     }
     // Nothing listens on `late_addr` when step 1 is published.
     let late_addr = format!("127.0.0.1:{}", sleuth_testkit::free_port()?);
-    let database = format!("sqlite://{}", scratch.path().join("runs.db").display());
     let checkpoints = scratch.path().join("checkpoints");
     let args = [
         "learner",
@@ -443,11 +439,11 @@ async fn a_policy_server_that_missed_a_version_gets_the_current_weights() -> Res
         "--dtype",
         "f32",
         "--model",
-        &model,
+        model,
         "--redis-url",
-        &redis_url,
+        redis_url,
         "--database-url",
-        &database,
+        database,
         "--checkpoint-uri",
         checkpoints.to_str().context("utf-8")?,
         "--global-batch-size",
@@ -464,7 +460,7 @@ async fn a_policy_server_that_missed_a_version_gets_the_current_weights() -> Res
 
     let (policy_addr, _policy) = sleuth_testkit::start_service!(
         policy_server,
-        ["policy-server", "--listen", &late_addr, "--device", "cpu", "--dtype", "f32", "--model", &model]
+        ["policy-server", "--listen", &late_addr, "--device", "cpu", "--dtype", "f32", "--model", model]
     );
     sleuth_testkit::service::wait_serving(&policy_addr, "sleuth.policy.v1.PolicyServer").await?;
     let mut policy =
