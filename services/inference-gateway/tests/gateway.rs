@@ -2,7 +2,6 @@
 //! recorded token for token, later turns extend the recorded tokens, drift is
 //! detected, and traces survive a gateway restart.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -11,14 +10,6 @@ use sleuth_proto::common::v1::{ChatMessage, SamplingParams, SegmentKind, ToolSpe
 use sleuth_proto::inference::v1 as pb;
 use sleuth_proto::inference::v1::inference_gateway_client::InferenceGatewayClient;
 use tonic::Code;
-
-fn model() -> Option<PathBuf> {
-    let dir = sleuth_testkit::cache_dir().ok()?.join("models/smollm2-135m-instruct");
-    dir.join("config.json").is_file().then_some(dir).or_else(|| {
-        eprintln!("SKIP: SmolLM2 not imported; run `make setup`");
-        None
-    })
-}
 
 use sleuth_testkit::service::wait_serving as serving;
 use sleuth_testkit::start_service as start;
@@ -65,7 +56,7 @@ fn tokens(trace: &Trace) -> Vec<u32> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn turns_are_recorded_token_for_token_and_survive_a_restart() -> Result<()> {
-    let Some(model) = model() else { return Ok(()) };
+    let model = sleuth_testkit::smollm2()?;
     let model = model.to_str().context("utf-8 path")?.to_owned();
     let redis = sleuth_testkit::redis()?;
     let redis_url = sleuth_testkit::redis_url(&redis);
@@ -173,7 +164,7 @@ async fn post(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_openai_endpoint_runs_the_same_turns() -> Result<()> {
-    let Some(model) = model() else { return Ok(()) };
+    let model = sleuth_testkit::smollm2()?;
     let model = model.to_str().context("utf-8 path")?.to_owned();
     let redis = sleuth_testkit::redis()?;
     let redis_url = sleuth_testkit::redis_url(&redis);
@@ -251,7 +242,7 @@ async fn the_openai_endpoint_runs_the_same_turns() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn episodes_stick_to_a_replica_and_fail_over_when_it_dies() -> Result<()> {
-    let Some(model) = model() else { return Ok(()) };
+    let model = sleuth_testkit::smollm2()?;
     let model = model.to_str().context("utf-8 path")?.to_owned();
     let redis = sleuth_testkit::redis()?;
     let redis_url = sleuth_testkit::redis_url(&redis);
@@ -300,7 +291,7 @@ async fn episodes_stick_to_a_replica_and_fail_over_when_it_dies() -> Result<()> 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_official_openai_client_runs_a_tool_calling_round_trip() -> Result<()> {
-    let Some(model) = model() else { return Ok(()) };
+    let model = sleuth_testkit::smollm2()?;
     let model = model.to_str().context("utf-8 path")?.to_owned();
     let redis = sleuth_testkit::redis()?;
     let redis_url = sleuth_testkit::redis_url(&redis);
@@ -350,7 +341,7 @@ fn message(role: &str, text: &str) -> ChatMessage {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_five_turn_tool_episode_is_traced_exactly() -> Result<()> {
     use sleuth_proto::policy::v1 as policy_pb;
-    let Some(model) = model() else { return Ok(()) };
+    let model = sleuth_testkit::smollm2()?;
     let model = model.to_str().context("utf-8 path")?.to_owned();
     let redis = sleuth_testkit::redis()?;
     let redis_url = sleuth_testkit::redis_url(&redis);

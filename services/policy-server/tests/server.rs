@@ -2,7 +2,6 @@
 //! (imported by `make setup`): generation, continuous batching, seeds,
 //! weight updates and bad input.
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
@@ -24,16 +23,6 @@ const PROMPT: [u32; 37] = [
 ];
 const ANSWER: [u32; 8] = [504, 3575, 282, 4649, 314, 7042, 30, 2];
 
-fn model() -> Option<PathBuf> {
-    let dir = sleuth_testkit::cache_dir().ok()?.join("models/smollm2-135m-instruct");
-    if dir.join("config.json").is_file() {
-        Some(dir)
-    } else {
-        eprintln!("SKIP: {} missing; run `make setup`", dir.display());
-        None
-    }
-}
-
 struct Server {
     addr: String,
     _stop: tokio::sync::oneshot::Sender<()>,
@@ -41,12 +30,12 @@ struct Server {
 
 /// SmolLM2 on the CPU in f32 (the dtype is pinned: `auto` would pick bf16 on
 /// CPUs with AVX512-BF16 and change these tests' exact figures).
-async fn start(extra: &[&str]) -> Result<Option<Server>> {
+async fn start(extra: &[&str]) -> Result<Server> {
     start_on("cpu", "f32", extra).await
 }
 
-async fn start_on(device: &str, dtype: &str, extra: &[&str]) -> Result<Option<Server>> {
-    let Some(dir) = model() else { return Ok(None) };
+async fn start_on(device: &str, dtype: &str, extra: &[&str]) -> Result<Server> {
+    let dir = sleuth_testkit::smollm2()?;
     let mut args = vec![
         "policy-server",
         "--listen",
@@ -73,7 +62,7 @@ async fn start_on(device: &str, dtype: &str, extra: &[&str]) -> Result<Option<Se
         let channel = connect(&server.addr, None, Duration::from_secs(5)).await?;
         let request = HealthCheckRequest { service: "sleuth.policy.v1.PolicyServer".into() };
         if HealthClient::new(channel).check(request).await?.into_inner().status() == ServingStatus::Serving {
-            return Ok(Some(server));
+            return Ok(server);
         }
         anyhow::ensure!(Instant::now() < deadline, "the policy server never became SERVING");
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -101,7 +90,7 @@ fn request(prompt: &[u32], temperature: f32, seed: u64, max_new_tokens: u32) -> 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn greedy_answer_batching_and_seeds() -> Result<()> {
-    let Some(server) = start(&[]).await? else { return Ok(()) };
+    let server = start(&[]).await?;
     let mut policy = client(&server).await?;
 
     let info = policy.get_model_info(pb::GetModelInfoRequest {}).await?.into_inner();
@@ -144,9 +133,9 @@ async fn greedy_answer_batching_and_seeds() -> Result<()> {
 /// tokens are the plain answer's, cut there, and their text ends with it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stop_strings_end_generation_at_the_completing_token() -> Result<()> {
-    let Some(server) = start(&[]).await? else { return Ok(()) };
+    let server = start(&[]).await?;
     let mut policy = client(&server).await?;
-    let tokenizer = tokenizers::Tokenizer::from_file(model().context("model")?.join("tokenizer.json"))
+    let tokenizer = tokenizers::Tokenizer::from_file(sleuth_testkit::smollm2()?.join("tokenizer.json"))
         .map_err(anyhow::Error::msg)?;
     let mut stopped = request(&PROMPT, 0.0, 0, 24);
     stopped.sampling.as_mut().context("sampling")?.stop = vec!["Paris".into(), "France".into()];
@@ -169,7 +158,7 @@ async fn stop_strings_end_generation_at_the_completing_token() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_is_invalid_argument_naming_the_field() -> Result<()> {
-    let Some(server) = start(&[]).await? else { return Ok(()) };
+    let server = start(&[]).await?;
     let mut policy = client(&server).await?;
     for (request, needle) in [
         (request(&[1, 60_000], 0.0, 0, 4), "prompt_token_ids[1] = 60000 is outside the vocabulary"),
@@ -209,7 +198,7 @@ fn tensor(name: &str, shape: &[u64], values: &[f32]) -> pb::UpdateWeightsRequest
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn weight_updates_are_validated_versioned_and_swap_between_tokens() -> Result<()> {
-    let Some(server) = start(&[]).await? else { return Ok(()) };
+    let server = start(&[]).await?;
     let mut policy = client(&server).await?;
     let norm = vec![1.0f32; 576];
 
@@ -251,7 +240,7 @@ async fn weight_updates_are_validated_versioned_and_swap_between_tokens() -> Res
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_small_kv_budget_queues_requests_and_a_full_queue_refuses_them() -> Result<()> {
     // Each request reserves 37 + 8 = 45 tokens; the budget fits one at a time.
-    let Some(server) = start(&["--kv-budget-tokens", "60", "--max-queue", "4"]).await? else { return Ok(()) };
+    let server = start(&["--kv-budget-tokens", "60", "--max-queue", "4"]).await?;
     let mut calls = Vec::new();
     for _ in 0..4 {
         let mut policy = client(&server).await?;
@@ -293,7 +282,7 @@ fn second_turn() -> Vec<u32> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn later_turns_reuse_the_cached_prefix_and_answer_the_same() -> Result<()> {
-    let Some(server) = start(&[]).await? else { return Ok(()) };
+    let server = start(&[]).await?;
     let mut policy = client(&server).await?;
     let first = policy.generate(turn("episode-1", &PROMPT, 8)).await?.into_inner();
     assert_eq!((first.token_ids.as_slice(), first.cached_prompt_tokens), (&ANSWER[..], 0));
@@ -313,7 +302,7 @@ async fn later_turns_reuse_the_cached_prefix_and_answer_the_same() -> Result<()>
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prefix_caches_are_evicted_under_pressure_and_dropped_on_weight_updates() -> Result<()> {
     // Room for one finished turn (44 tokens) at a time.
-    let Some(server) = start(&["--prefix-cache-tokens", "50"]).await? else { return Ok(()) };
+    let server = start(&["--prefix-cache-tokens", "50"]).await?;
     let mut policy = client(&server).await?;
     policy.generate(turn("a", &PROMPT, 8)).await?;
     policy.generate(turn("b", &PROMPT, 8)).await?;
@@ -350,7 +339,7 @@ fn metric(text: &str, name: &str) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_count_tokens_and_prefix_hits() -> Result<()> {
-    let Some(server) = start(&["--auth-token", "metrics-test-token"]).await? else { return Ok(()) };
+    let server = start(&["--auth-token", "metrics-test-token"]).await?;
     let token: sleuth_kit::BearerToken = "metrics-test-token".parse()?;
     let mut policy = PolicyServerClient::new(connect(&server.addr, Some(&token), Duration::from_secs(5)).await?);
     policy.generate(turn("m", &PROMPT, 8)).await?;
@@ -371,11 +360,11 @@ async fn metrics_count_tokens_and_prefix_hits() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs a CUDA GPU; run by `make gpu-check`"]
 async fn gpu_generation_with_logprobs_matches_the_cpu() -> Result<()> {
-    let cpu = start_on("cpu", "f32", &[]).await?.context("SmolLM2 missing; run `make setup`")?;
+    let cpu = start_on("cpu", "f32", &[]).await?;
     let expected = client(&cpu).await?.generate(request(&PROMPT, 0.0, 0, 24)).await?.into_inner();
     assert_eq!(expected.token_ids, ANSWER);
     for (dtype, bound) in [("f32", 1e-3f32), ("bf16", 0.15)] {
-        let gpu = start_on("cuda", dtype, &[]).await?.context("SmolLM2 missing")?;
+        let gpu = start_on("cuda", dtype, &[]).await?;
         let mut policy = client(&gpu).await?;
         let info = policy.get_model_info(pb::GetModelInfoRequest {}).await?.into_inner();
         assert_eq!(info.device, "cuda:0", "{info:?}");

@@ -72,9 +72,7 @@ fn sleuth_bm25(collection: &Collection, queries: &[(String, String)], clients: u
 }
 
 fn main() -> Result<()> {
-    let Some(source) = sleuth_testkit::beir_collection("scifact")? else {
-        anyhow::bail!("the benchmark needs ../shared/data/beir/scifact.beir.tar.gz");
-    };
+    let source = sleuth_testkit::beir_collection("scifact")?;
     let beir = BeirDir::new(&source);
     let corpus: Vec<_> = beir.corpus(BadLines::Fail)?.collect::<Result<_, _>>()?;
     let qrels = beir.qrels("test")?;

@@ -67,19 +67,19 @@ async fn client(gateway: &Gateway) -> Result<ToolGatewayClient<MeshChannel>> {
 }
 
 /// SciFact indexed for BM25 into a temporary directory (seconds).
-fn scifact_index(dir: &std::path::Path) -> Result<Option<String>> {
-    let Some(source) = sleuth_testkit::beir_collection("scifact")? else { return Ok(None) };
+fn scifact_index(dir: &std::path::Path) -> Result<String> {
+    let source = sleuth_testkit::beir_collection("scifact")?;
     let out = dir.join("scifact-index");
     let bm25 = tool_gateway::bm25::Bm25Options::default();
     let beir = sleuth_beir::BeirDir::new(&source);
     tool_gateway::index::build(&beir, &out, "scifact", &bm25, sleuth_beir::BadLines::Fail, None, &mut |_| {})?;
-    Ok(Some(out.display().to_string()))
+    Ok(out.display().to_string())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serves_tools_over_scifact_with_clear_errors_and_under_concurrency() -> Result<()> {
     let scratch = tempfile::tempdir()?;
-    let Some(index) = scifact_index(scratch.path())? else { return Ok(()) };
+    let index = scifact_index(scratch.path())?;
     let gateway = start(vec![("scifact".into(), index)], S3Args::default()).await?;
     let mut tools = client(&gateway).await?;
 
@@ -189,7 +189,7 @@ async fn serves_tools_over_scifact_with_clear_errors_and_under_concurrency() -> 
 async fn vector_search_on_scifact_matches_the_published_figure_and_is_served() -> Result<()> {
     // Embedding SciFact takes minutes: `make test-fixtures` does it once, before any test's clock starts.
     let index = sleuth_testkit::prepared_fixture(sleuth_testkit::SCIFACT_VECTORS, "manifest.json")?;
-    let source = sleuth_testkit::beir_collection("scifact")?.context("SciFact is in ../shared/data")?;
+    let source = sleuth_testkit::beir_collection("scifact")?;
     let collection = tool_gateway::collection::Collection::open(&index, index.display().to_string())?;
     let model = tool_gateway::embed::default_model_dir().context("model")?;
     let encoder = tool_gateway::embed::Encoder::load(&model, tch::Device::Cpu)?;
@@ -253,8 +253,8 @@ async fn vector_search_on_scifact_matches_the_published_figure_and_is_served() -
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bm25_quality_on_scifact_matches_the_published_figure() -> Result<()> {
     let scratch = tempfile::tempdir()?;
-    let Some(index) = scifact_index(scratch.path())? else { return Ok(()) };
-    let source = sleuth_testkit::beir_collection("scifact")?.expect("present when indexed");
+    let index = scifact_index(scratch.path())?;
+    let source = sleuth_testkit::beir_collection("scifact")?;
     let collection = tool_gateway::collection::Collection::open(std::path::Path::new(&index), index.clone())?;
     let beir = sleuth_beir::BeirDir::new(&source);
     let qrels = beir.qrels("test")?;
