@@ -248,15 +248,16 @@ fn greedy(max_new_tokens: u32) -> sleuth_proto::policy::v1::GenerateRequest {
     }
 }
 
-/// Runs an in-process learner for one step of 2 groups on `run`, then returns.
-async fn train_one_step(
-    run: &str,
-    model: &str,
-    redis_url: &str,
-    database: &str,
-    checkpoint_uri: &str,
-    extra: &[&str],
-) -> Result<()> {
+/// Command line of an in-process learner on `run` training steps of 2
+/// groups (on the CPU, in f32), with `extra` flags after it.
+fn learner_args<'a>(
+    run: &'a str,
+    model: &'a str,
+    redis_url: &'a str,
+    database: &'a str,
+    checkpoint_uri: &'a str,
+    extra: &[&'a str],
+) -> Vec<&'a str> {
     let mut args = vec![
         "learner",
         "--listen",
@@ -277,12 +278,22 @@ async fn train_one_step(
         checkpoint_uri,
         "--global-batch-size",
         "2",
-        "--max-steps",
-        "1",
-        "--learning-rate",
-        "0.05",
     ];
     args.extend_from_slice(extra);
+    args
+}
+
+/// Runs an in-process learner for one step of 2 groups on `run`, then returns.
+async fn train_one_step(
+    run: &str,
+    model: &str,
+    redis_url: &str,
+    database: &str,
+    checkpoint_uri: &str,
+    extra: &[&str],
+) -> Result<()> {
+    let one_step = [&["--max-steps", "1", "--learning-rate", "0.05"], extra].concat();
+    let args = learner_args(run, model, redis_url, database, checkpoint_uri, &one_step);
     let config = <learner::Config as clap::Parser>::try_parse_from(args)?;
     let listener = tokio::net::TcpListener::bind(config.listen).await?;
     tokio::time::timeout(Duration::from_secs(120), learner::run(config, listener, std::future::pending())).await??;
@@ -428,29 +439,8 @@ async fn a_policy_server_that_missed_a_version_gets_the_current_weights() -> Res
     // Nothing listens on `late_addr` when step 1 is published.
     let late_addr = format!("127.0.0.1:{}", sleuth_testkit::free_port()?);
     let checkpoints = scratch.path().join("checkpoints");
-    let args = [
-        "learner",
-        "--listen",
-        "127.0.0.1:0",
-        "--run-id",
-        "late",
-        "--device",
-        "cpu",
-        "--dtype",
-        "f32",
-        "--model",
-        model,
-        "--redis-url",
-        redis_url,
-        "--database-url",
-        database,
-        "--checkpoint-uri",
-        checkpoints.to_str().context("utf-8")?,
-        "--global-batch-size",
-        "2",
-        "--policy-servers",
-        &late_addr,
-    ];
+    let checkpoints = checkpoints.to_str().context("utf-8")?;
+    let args = learner_args("late", model, redis_url, database, checkpoints, &["--policy-servers", &late_addr]);
     let (_learner_addr, _learner) = sleuth_testkit::start_service!(learner, args);
     let deadline = Instant::now() + Duration::from_secs(60);
     while sleuth_store::trajectories::learner_version(&redis, "late").await? < 1 {
