@@ -10,7 +10,7 @@ use anyhow::{Context, Result};
 use sleuth_kit::client::{MeshChannel, connect};
 use sleuth_proto::agent::v1::agent_client::AgentClient;
 use sleuth_proto::agent::v1::{AgentConfig, RunEpisodeRequest};
-use sleuth_proto::common::v1::{AgentBudget, Episode, SamplingParams, Task};
+use sleuth_proto::common::v1::{AgentBudget, Episode, SamplingParams, Task, TrajectoryGroup};
 use sleuth_proto::rollout::v1 as rollout;
 use sleuth_proto::rollout::v1::rollout_orchestrator_client::RolloutOrchestratorClient as OrchestratorClient;
 
@@ -22,6 +22,14 @@ pub const SUBMIT: &str =
 
 /// A tool call the gateway cannot parse (its JSON is cut short).
 pub const MALFORMED: &str = r#"<tool_call>[{"name": "bm25_search", "arguments": {"query": </tool_call>"#;
+
+/// Another ranking: right for the snow question, wrong for rain.
+pub const SUBMIT_SNOW: &str =
+    r#"<tool_call>[{"name": "submit_ranking", "arguments": {"doc_ids": ["snow", "wind"]}}]</tool_call>"#;
+
+/// The mixed policy's replies, each sampled about a third of the time: a
+/// group's rankings (so its rewards) differ, and some calls are malformed.
+pub const MIXED: [&str; 3] = [SUBMIT, SUBMIT_SNOW, MALFORMED];
 
 /// A five-document BEIR collection, indexed for BM25.
 pub fn weather(dir: &Path) -> Result<PathBuf> {
@@ -94,26 +102,31 @@ pub async fn agent_tools(tools: &ServiceProcess) -> Result<Vec<serde_json::Value
         .collect()
 }
 
-/// Where the policy imprinted with `reply` for the agent's prompt and `tools`
-/// lives, relative to the sleuth cache: the result depends only on these.
-fn imprint_path(reply: &str, tools: &[serde_json::Value]) -> String {
+/// Where the policy imprinted with `replies` for the agent's prompt and
+/// `tools` lives, relative to the sleuth cache: the result depends only on these.
+fn imprint_path(replies: &[&str], tools: &[serde_json::Value]) -> String {
     let mut hash = 0xcbf2_9ce4_8422_2325u64;
-    let key = format!("{reply}\n{}\n{}", agent::prompt::SYSTEM_PROMPT, serde_json::Value::from(tools.to_vec()));
+    let key = format!(
+        "{}\n{}\n{}",
+        replies.join("\n|\n"),
+        agent::prompt::SYSTEM_PROMPT,
+        serde_json::Value::from(tools.to_vec())
+    );
     for byte in key.bytes() {
         hash = (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
     }
     format!("test-models/imprint-v10-{hash:016x}")
 }
 
-/// The policy imprinted with `reply`, as `make test-fixtures` left it.
-pub fn imprinted(reply: &str, tools: &[serde_json::Value]) -> Result<PathBuf> {
-    sleuth_testkit::prepared_fixture(&imprint_path(reply, tools), "model.safetensors")
+/// The policy imprinted with `replies`, as `make test-fixtures` left it.
+pub fn imprinted(replies: &[&str], tools: &[serde_json::Value]) -> Result<PathBuf> {
+    sleuth_testkit::prepared_fixture(&imprint_path(replies, tools), "model.safetensors")
 }
 
-/// Imprints a policy with `reply` into the cache unless it is there (a few
+/// Imprints a policy with `replies` into the cache unless it is there (a few
 /// minutes on two cores). A file lock lets two builders share the cache.
-pub fn imprint_cached(smollm2: &Path, reply: &str, tools: &[serde_json::Value]) -> Result<PathBuf> {
-    let dir = sleuth_testkit::cache_dir()?.join(imprint_path(reply, tools));
+pub fn imprint_cached(smollm2: &Path, replies: &[&str], tools: &[serde_json::Value]) -> Result<PathBuf> {
+    let dir = sleuth_testkit::cache_dir()?.join(imprint_path(replies, tools));
     if dir.join("model.safetensors").is_file() {
         return Ok(dir);
     }
@@ -126,7 +139,7 @@ pub fn imprint_cached(smollm2: &Path, reply: &str, tools: &[serde_json::Value]) 
     }
     let scratch = tempfile::Builder::new().prefix(".imprint-").tempdir_in(parent)?;
     let partial = scratch.path().join("model");
-    let spec = learner::imprint::Imprint { reply, system: agent::prompt::SYSTEM_PROMPT, tools, max_steps: 400 };
+    let spec = learner::imprint::Imprint { replies, system: agent::prompt::SYSTEM_PROMPT, tools, max_steps: 400 };
     learner::imprint::imprint(smollm2, &partial, &spec).map_err(anyhow::Error::msg)?;
     std::fs::rename(&partial, &dir).with_context(|| format!("moving the imprinted model to {}", dir.display()))?;
     Ok(dir)
@@ -159,24 +172,28 @@ impl Mesh {
                 ("SLEUTH_INDEX_ROOT", index.display().to_string()),
             ],
         )?;
-        let model_dir = model.to_owned();
-        let model = model.display().to_string();
-        let policy = ServiceProcess::start(
-            "policy-server",
-            &[("SLEUTH_MODEL", model.clone()), ("SLEUTH_DEVICE", "cpu".into()), ("SLEUTH_DTYPE", "f32".into())],
-        )?;
+        let policy = policy_server(model, "127.0.0.1:0")?;
         let gateway = ServiceProcess::start(
             "inference-gateway",
             &[
-                ("SLEUTH_MODEL", model),
+                ("SLEUTH_MODEL", model.display().to_string()),
                 ("SLEUTH_REDIS_URL", redis_url.clone()),
                 ("SLEUTH_POLICY_SERVERS", policy.addr.clone()),
                 ("SLEUTH_HTTP_LISTEN", "127.0.0.1:0".into()),
             ],
         )?;
-        let mut mesh = Self { tools, policy, gateway, agents: Vec::new(), redis_url, _redis: redis, model: model_dir };
+        let mut mesh =
+            Self { tools, policy, gateway, agents: Vec::new(), redis_url, _redis: redis, model: model.to_owned() };
         mesh.agents = (0..agents).map(|_| mesh.agent(&[])).collect::<Result<Vec<_>>>()?;
         Ok(mesh)
+    }
+
+    /// Kills the policy server and starts a new one on the same address: it
+    /// comes back on the base weights, as version 0.
+    pub fn restart_policy(&mut self) -> Result<()> {
+        self.policy.kill()?;
+        self.policy = policy_server(&self.model, &self.policy.addr)?;
+        Ok(())
     }
 
     /// Another agent worker on this mesh's gateways, with `env` on top.
@@ -240,6 +257,18 @@ impl Mesh {
     }
 }
 
+fn policy_server(model: &Path, listen: &str) -> Result<ServiceProcess> {
+    ServiceProcess::start(
+        "policy-server",
+        &[
+            ("SLEUTH_MODEL", model.display().to_string()),
+            ("SLEUTH_DEVICE", "cpu".into()),
+            ("SLEUTH_DTYPE", "f32".into()),
+            ("SLEUTH_LISTEN", listen.to_owned()),
+        ],
+    )
+}
+
 pub fn request(episode: &str, budget: AgentBudget) -> RunEpisodeRequest {
     RunEpisodeRequest {
         run_id: "test".into(),
@@ -289,18 +318,22 @@ pub struct Policies {
     pub submitter: PathBuf,
     /// Always makes a tool call that cannot be parsed.
     pub malformed: PathBuf,
+    /// Samples one of [`MIXED`].
+    pub mixed: PathBuf,
 }
 
-const IMPRINTS: [(&str, &str); 3] = [("searcher", SEARCH), ("submitter", SUBMIT), ("malformed", MALFORMED)];
+const IMPRINTS: [(&str, &[&str]); 4] =
+    [("searcher", &[SEARCH]), ("submitter", &[SUBMIT]), ("malformed", &[MALFORMED]), ("mixed", &MIXED)];
 
 /// The weather collection indexed under `scratch`, and the imprinted policies.
 pub async fn policies(scratch: &Path) -> Result<Policies> {
     let index = weather(scratch)?;
     let tools = weather_tools(&index).await?;
     Ok(Policies {
-        searcher: imprinted(SEARCH, &tools)?,
-        submitter: imprinted(SUBMIT, &tools)?,
-        malformed: imprinted(MALFORMED, &tools)?,
+        searcher: imprinted(&[SEARCH], &tools)?,
+        submitter: imprinted(&[SUBMIT], &tools)?,
+        malformed: imprinted(&[MALFORMED], &tools)?,
+        mixed: imprinted(&MIXED, &tools)?,
         index,
     })
 }
@@ -310,14 +343,14 @@ pub async fn prepare_policies() -> Result<()> {
     let smollm2 = sleuth_testkit::smollm2()?;
     let scratch = tempfile::tempdir()?;
     let tools = weather_tools(&weather(scratch.path())?).await?;
-    for (name, reply) in IMPRINTS {
-        if let Ok(dir) = imprinted(reply, &tools) {
+    for (name, replies) in IMPRINTS {
+        if let Ok(dir) = imprinted(replies, &tools) {
             eprintln!("fixtures: imprinted {name} policy cached: {}", dir.display());
             continue;
         }
         let started = std::time::Instant::now();
         eprintln!("fixtures: imprinting the {name} policy (a few minutes on 2 cores) ...");
-        let dir = imprint_cached(&smollm2, reply, &tools)?;
+        let dir = imprint_cached(&smollm2, replies, &tools)?;
         eprintln!("fixtures: imprinted {name} policy in {:.0}s: {}", started.elapsed().as_secs_f64(), dir.display());
     }
     Ok(())
@@ -356,6 +389,14 @@ pub fn spec(
 
 /// The groups in a run's stream, decoded.
 pub async fn stream_groups(redis_url: &str, run: &str) -> Result<Vec<sleuth_proto::common::v1::TrajectoryGroup>> {
+    Ok(stream_entries(redis_url, run).await?.into_iter().map(|(_, group)| group).collect())
+}
+
+/// The entries of a run's stream: their ids and groups, in stream order.
+pub async fn stream_entries(
+    redis_url: &str,
+    run: &str,
+) -> Result<Vec<(String, sleuth_proto::common::v1::TrajectoryGroup)>> {
     use prost::Message;
     let client = redis::Client::open(redis_url)?;
     let mut connection = client.get_multiplexed_async_connection().await?;
@@ -366,9 +407,46 @@ pub async fn stream_groups(redis_url: &str, run: &str) -> Result<Vec<sleuth_prot
         .iter()
         .map(|entry| {
             let bytes: Vec<u8> = entry.get(sleuth_store::trajectories::GROUP_FIELD).context("group field")?;
-            Ok(sleuth_proto::common::v1::TrajectoryGroup::decode(bytes.as_slice())?)
+            Ok((entry.id.clone(), sleuth_proto::common::v1::TrajectoryGroup::decode(bytes.as_slice())?))
         })
         .collect()
+}
+
+/// Records every entry that passes through a run's stream (the learner trims
+/// entries once a checkpoint holds them), polling until dropped.
+pub struct StreamRecorder {
+    seen: std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<String, TrajectoryGroup>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl StreamRecorder {
+    pub fn start(redis_url: &str, run: &str) -> Self {
+        let seen: std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<String, TrajectoryGroup>>> =
+            std::sync::Arc::default();
+        let (url, run, into) = (redis_url.to_owned(), run.to_owned(), std::sync::Arc::clone(&seen));
+        let task = tokio::spawn(async move {
+            loop {
+                if let Ok(entries) = stream_entries(&url, &run).await {
+                    into.lock().unwrap().extend(entries);
+                }
+                tokio::time::sleep(Duration::from_millis(25)).await;
+            }
+        });
+        Self { seen, task }
+    }
+
+    /// Every entry seen so far, in stream order.
+    pub fn entries(&self) -> Vec<(String, TrajectoryGroup)> {
+        let mut entries: Vec<_> = self.seen.lock().unwrap().clone().into_iter().collect();
+        entries.sort_by_key(|(id, _)| id.parse::<sleuth_store::trajectories::EntryId>().unwrap_or_default());
+        entries
+    }
+}
+
+impl Drop for StreamRecorder {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }
 
 pub async fn in_flight(agents: &[ServiceProcess]) -> Result<i64> {

@@ -78,18 +78,29 @@ impl ServiceProcess {
         Ok(())
     }
 
+    /// Sends `signal` (a name `kill` knows: STOP, CONT, TERM).
+    pub fn signal(&self, signal: &str) -> Result<()> {
+        let status = Command::new("kill").args([&format!("-{signal}"), &self.pid().to_string()]).status()?;
+        anyhow::ensure!(status.success(), "kill -{signal} {} failed", self.pid());
+        Ok(())
+    }
+
     /// Sends SIGTERM and waits (up to `limit`) for the process to exit.
     pub fn terminate(&mut self, limit: Duration) -> Result<(ExitStatus, Duration)> {
+        self.signal("TERM")?;
+        self.wait(limit)
+    }
+
+    /// Waits (up to `limit`) for the process to exit by itself.
+    pub fn wait(&mut self, limit: Duration) -> Result<(ExitStatus, Duration)> {
         let started = Instant::now();
-        let status = Command::new("kill").args(["-TERM", &self.pid().to_string()]).status()?;
-        anyhow::ensure!(status.success(), "kill -TERM {} failed", self.pid());
         loop {
             if let Some(status) = self.child.try_wait()? {
                 return Ok((status, started.elapsed()));
             }
             if started.elapsed() > limit {
                 let _ = self.child.kill();
-                bail!("{} still running {limit:?} after SIGTERM; log:\n{}", self.name, self.log());
+                bail!("{} still running after {limit:?}; log:\n{}", self.name, self.log());
             }
             std::thread::sleep(Duration::from_millis(20));
         }

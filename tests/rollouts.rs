@@ -19,7 +19,7 @@ use sleuth_tests::fixture::*;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn budgets_and_failures_end_episodes_with_the_right_outcome() -> Result<()> {
     let scratch = tempfile::tempdir()?;
-    let Policies { index, searcher, submitter, malformed } = policies(scratch.path()).await?;
+    let Policies { index, searcher, submitter, malformed, .. } = policies(scratch.path()).await?;
 
     // A policy that submits at once: completed, with its ranking and trace.
     let mesh = Mesh::start(&submitter, &index)?;

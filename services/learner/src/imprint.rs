@@ -1,7 +1,9 @@
 //! Imprinting: trajectory SFT that teaches a small model to answer every
-//! conversation with one fixed reply. Tests and benchmarks of the machinery
-//! around the policy (agents, orchestrator) get a real model whose behaviour
-//! they know in advance: one that always calls a tool, or always submits.
+//! conversation with one fixed reply, or with one of a few replies at known
+//! odds. Tests and benchmarks of the machinery around the policy (agents,
+//! orchestrator, learner) get a real model whose behaviour they know in
+//! advance: one that always calls a tool, always submits, or (a mixture)
+//! samples different answers, so a group's rewards differ as GRPO needs.
 
 use std::path::Path;
 
@@ -118,24 +120,33 @@ fn observation(seed: &mut u64, i: usize) -> String {
     text
 }
 
-/// What to imprint: the reply, and the system prompt and tools (OpenAI
+/// What to imprint: the replies, and the system prompt and tools (OpenAI
 /// function specs) the model will be prompted with. Questions and tool
 /// observations vary freely; a tiny model only learns to ignore them.
 pub struct Imprint<'a> {
-    pub reply: &'a str,
+    /// One reply: the model always gives it (greedy decoding reproduces it).
+    /// Several: the model samples each with probability near 1/n, whatever
+    /// the conversation (each one's probability is at least 1/(2n)).
+    pub replies: &'a [&'a str],
+    /// The system prompt the agent renders.
     pub system: &'a str,
+    /// The tools the agent offers (OpenAI function specs).
     pub tools: &'a [serde_json::Value],
+    /// Training steps before giving up with an error.
     pub max_steps: usize,
 }
 
 /// Writes to `out` a tiny model with the tokenizer and chat template of
 /// `tokenizer_dir` that answers conversations of the given system prompt and
-/// tools (any question, earlier replies and observations) with the reply,
-/// then ends its turn. Trains on fresh random conversations until greedy
-/// decoding of unseen ones gives exactly the reply (an error after
-/// `max_steps`); returns the final loss.
+/// tools (any question, earlier replies and observations) with the reply (or
+/// one of the replies), then ends its turn. Trains on fresh random
+/// conversations until unseen ones get the replies as [`Imprint::replies`]
+/// says (an error after `max_steps`); returns the final loss.
 pub fn imprint(tokenizer_dir: &Path, out: &Path, spec: &Imprint) -> Result<f64, String> {
-    let reply = spec.reply;
+    let replies = spec.replies;
+    if replies.is_empty() {
+        return Err("imprint: no reply to imprint".into());
+    }
     let fail = |e: &dyn std::fmt::Display| e.to_string();
     let template = ChatTemplate::from_dir(tokenizer_dir).map_err(|e| fail(&e))?;
     let tokenizer = Tokenizer::from_file(tokenizer_dir.join("tokenizer.json")).map_err(|e| fail(&e))?;
@@ -148,13 +159,17 @@ pub fn imprint(tokenizer_dir: &Path, out: &Path, spec: &Imprint) -> Result<f64, 
     // earlier reply and its tool observation, of random content and length.
     // Every step trains on fresh ones, so the model cannot memorise them and
     // learns the only thing they share: the reply after the assistant opening.
+    // Conversation i ends with reply i mod n, so a mixture's replies are
+    // equally frequent and none depends on the content.
     let conversation = |seed: &mut u64, i: usize| -> Result<(Sample, Vec<i64>, Vec<i64>), String> {
+        let reply = replies[i % replies.len()];
         let mut messages = vec![
             serde_json::json!({"role": "system", "content": spec.system}),
             serde_json::json!({"role": "user", "content": noise(seed, 3 + 2 * (i % 7))}),
         ];
         for turn in 0..i % 3 {
-            messages.push(serde_json::json!({"role": "assistant", "content": reply}));
+            let earlier = replies[(i + turn + 1) % replies.len()];
+            messages.push(serde_json::json!({"role": "assistant", "content": earlier}));
             messages.push(serde_json::json!({"role": "tool", "content": observation(seed, i + turn)}));
         }
         let prompt = encode(&template.render(&messages, spec.tools, true).map_err(|e| fail(&e))?)?;
@@ -192,19 +207,34 @@ pub fn imprint(tokenizer_dir: &Path, out: &Path, spec: &Imprint) -> Result<f64, 
     // One teacher-forced pass per conversation: greedy decoding reproduces
     // the reply exactly iff every position's argmax is the reply's next token
     // (decoding token by token cost 30x the forward passes).
+    // A mixture's stop criterion: each reply's probability (teacher-forced,
+    // the product of its tokens') is at least 1/(2n) on unseen conversations.
+    let floor = 1.0 / (2.0 * replies.len() as f64);
     let replies_exactly = |trainer: &Trainer, seed: &mut u64| -> Result<Option<String>, String> {
         for i in 0..16 {
             let (_, prompt, expected) = conversation(seed, i)?;
             let sequence = [prompt.as_slice(), &expected[..expected.len() - 1]].concat();
-            let predicted: Vec<i64> = tch::no_grad(|| {
+            let (predicted, logprob): (Vec<i64>, f64) = tch::no_grad(|| {
                 let logits = trainer.model.forward(&tch::Tensor::from_slice(&sequence).unsqueeze(0), None);
-                let next = logits.get(0).narrow(0, prompt.len() as i64 - 1, expected.len() as i64).argmax(-1, false);
-                Vec::<i64>::try_from(&next)
+                let reply = logits.get(0).narrow(0, prompt.len() as i64 - 1, expected.len() as i64);
+                let next = reply.argmax(-1, false);
+                let chosen = reply.log_softmax(-1, tch::Kind::Float).gather(
+                    -1,
+                    &tch::Tensor::from_slice(&expected).unsqueeze(-1),
+                    false,
+                );
+                Ok::<_, tch::TchError>((Vec::<i64>::try_from(&next)?, chosen.sum(tch::Kind::Double).double_value(&[])))
             })
             .map_err(|e| fail(&e))?;
-            if predicted != expected {
+            let missed = if replies.len() == 1 { predicted != expected } else { logprob.exp() < floor };
+            if missed {
                 let got: Vec<u32> = predicted.iter().map(|&t| t as u32).collect();
-                return Ok(Some(tokenizer.decode(&got, false).unwrap_or_default()));
+                let greedy = tokenizer.decode(&got, false).unwrap_or_default();
+                return Ok(Some(format!(
+                    "{greedy} (reply {} has probability {:.3})",
+                    i % replies.len(),
+                    logprob.exp()
+                )));
             }
         }
         Ok(None)

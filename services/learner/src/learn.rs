@@ -24,6 +24,7 @@ use crate::advantage::Estimator;
 use crate::batch::{self, Sample};
 use crate::checkpoint::{self, Meta};
 use crate::publish::Publisher;
+use crate::records::{Disposition, GroupRecord};
 use crate::trainer::{StepStats, Trainer};
 
 /// How often an idle learner looks for new groups.
@@ -107,6 +108,9 @@ pub struct Sources {
     /// The model directory, for the tokenizer files of the HF export.
     pub model_dir: std::path::PathBuf,
     pub model_config: serde_json::Value,
+    /// The run's orchestrator, asked whether the run is over (`None`: train
+    /// until `max_steps` or shutdown).
+    pub run_end: Option<crate::run_spec::RunEnd>,
 }
 
 /// Resumes from the newest complete checkpoint, if any; returns its meta.
@@ -133,13 +137,15 @@ pub async fn resume(trainer: Trainer, checkpoints: &ObjectStore) -> Result<(Trai
 pub async fn lead(
     mut trainer: Trainer,
     plan: Plan,
-    sources: Sources,
+    mut sources: Sources,
     progress: SharedProgress,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> Result<(), Error> {
     let (resumed, mut meta) = resume(trainer, &sources.checkpoints).await?;
     trainer = resumed;
     crate::records::migrate(&sources.database).await?;
+    // Steps after the checkpoint are trained again from the replayed entries.
+    crate::records::forget_after(&sources.database, &plan.run_id, meta.step).await?;
     let consumer = GroupConsumer::open(sources.redis.clone(), &plan.run_id, "learner-0").await?;
     let checkpointed_at_start = meta.step;
     let position: EntryId = meta.stream_position.parse().unwrap_or_default();
@@ -154,12 +160,13 @@ pub async fn lead(
     progress.lock().expect("progress").meta = meta.clone();
     trajectories::set_groups_taken(&sources.redis, &plan.run_id, meta.groups_taken()).await?;
     let mut last_reconcile = std::time::Instant::now();
+    let mut run_over = false;
 
     while plan.max_steps == 0 || meta.step < plan.max_steps {
         // Form the next step.
         let mut samples = Vec::new();
         let mut tally = Tally::default();
-        while tally.trained < plan.global_batch_size as u64 {
+        while tally.trained() < plan.global_batch_size as u64 {
             if *stop.borrow() {
                 break;
             }
@@ -171,6 +178,14 @@ pub async fn lead(
                         if last_reconcile.elapsed() >= RECONCILE {
                             trainer = crate::publish::reconcile(trainer, &sources, meta.step).await?;
                             last_reconcile = std::time::Instant::now();
+                            if let Some(end) = sources.run_end.as_mut()
+                                && let Some(published) = end.groups_published().await
+                                && meta.groups_taken() + tally.groups() >= published
+                            {
+                                tracing::info!(published, "the run is over and every group taken: final step");
+                                run_over = true;
+                                break;
+                            }
                         }
                         tokio::select! {
                             () = tokio::time::sleep(POLL) => {}
@@ -183,28 +198,42 @@ pub async fn lead(
                 }
             };
             tally.last = Some(entry.id);
-            match take_group(&entry, &plan, meta.step) {
-                Taken::Samples(group_samples) => {
-                    samples.extend(group_samples);
-                    tally.trained += 1;
-                }
-                Taken::Stale => tally.stale += 1,
-                Taken::Filtered => tally.filtered += 1,
-                Taken::Rejected(why) => {
-                    tracing::error!(entry = %entry.id, error = %why, "group rejected");
-                    tally.rejected += 1;
-                }
+            let (group_samples, record) = take_group(&entry, &plan, meta.step);
+            if record.disposition == Disposition::Rejected {
+                tracing::error!(entry = %entry.id, error = %record.detail, "group rejected");
             }
-            // Every group taken, dropped ones too, frees its place in the
-            // orchestrator's staleness window: otherwise groups that never
-            // train would hold the window shut for good.
-            let taken = meta.groups_taken() + tally.groups();
+            samples.extend(group_samples);
+            tally.groups.push(record);
+            // A dropped group frees its place in the orchestrator's staleness
+            // window at once: otherwise groups that never train would hold the
+            // window shut for good. A trained one frees it when its step's
+            // weights are out (below): a group started earlier would sample
+            // the weights this step replaces and be stale when it is taken.
+            let taken = meta.groups_taken() + tally.groups() - tally.trained();
             trajectories::set_groups_taken(&sources.redis, &plan.run_id, taken).await?;
         }
-        if tally.trained < plan.global_batch_size as u64 {
+        if tally.trained() < plan.global_batch_size as u64 && !run_over {
             break; // shutting down: the partial step's entries stay pending and are replayed
         }
-        let groups = tally.trained;
+        if tally.trained() == 0 {
+            // The run ended with only dropped groups left: recorded against
+            // the last step, inside a checkpoint of it, so none is lost.
+            if tally.groups() > 0 {
+                for group in &mut tally.groups {
+                    group.step = meta.step;
+                }
+                let taken = tally.apply(&mut meta);
+                crate::records::record_groups(&sources.database, &plan.run_id, &taken).await?;
+                trainer = save_checkpoint(trainer, &sources, &meta).await?;
+                commit_trained(&consumer, &mut uncommitted, &meta).await?;
+                let mut p = progress.lock().expect("progress");
+                p.meta = meta.clone();
+                p.last_checkpoint_step = meta.step;
+            }
+            break;
+        }
+        // A full step, or the run's last (smaller) one.
+        let groups = tally.trained();
         if plan.sft {
             let fraction = batch::check_sft_mask(&samples).map_err(Error::InvalidArgument)?;
             tracing::info!(step = meta.step + 1, trainable_fraction = fraction, "trajectory SFT batch");
@@ -218,7 +247,7 @@ pub async fn lead(
         trainer = t;
         let stats = stats?;
         meta.step = stats.step;
-        tally.apply(&mut meta);
+        let taken = tally.apply(&mut meta);
         let (publishing, step) = (!sources.publisher.is_empty(), stats.step);
         let (t, update) =
             blocking(trainer, move |t| publishing.then(|| crate::publish::update_requests(step, &t.named_tensors())))
@@ -226,6 +255,7 @@ pub async fn lead(
         trainer = t;
         let published = crate::publish::publish_step(update, &sources, stats.step).await;
         trajectories::set_learner_version(&sources.redis, &plan.run_id, stats.step).await?;
+        trajectories::set_groups_taken(&sources.redis, &plan.run_id, meta.groups_taken()).await?;
         let extra = serde_json::json!({
             "groups": groups,
             "groups_dropped_stale": meta.groups_dropped_stale,
@@ -234,6 +264,7 @@ pub async fn lead(
             "publish_seconds": published.as_secs_f64(),
         });
         crate::records::record(&sources.database, &plan.run_id, &stats, &extra).await?;
+        crate::records::record_groups(&sources.database, &plan.run_id, &taken).await?;
         tracing::info!(
             step = stats.step,
             loss = stats.loss,
@@ -246,11 +277,14 @@ pub async fn lead(
             p.meta = meta.clone();
             p.last = Some(stats.clone());
         }
-        let last = plan.max_steps != 0 && meta.step >= plan.max_steps;
+        let last = run_over || (plan.max_steps != 0 && meta.step >= plan.max_steps);
         if meta.step % plan.checkpoint_every.max(1) == 0 || last {
             trainer = save_checkpoint(trainer, &sources, &meta).await?;
             commit_trained(&consumer, &mut uncommitted, &meta).await?;
             progress.lock().expect("progress").last_checkpoint_step = meta.step;
+        }
+        if run_over {
+            break;
         }
     }
     // Stopped early: keep the steps trained since the last checkpoint.
@@ -271,27 +305,35 @@ pub async fn lead(
 /// pending in the stream) after the restart, and must not count twice.
 #[derive(Debug, Default)]
 struct Tally {
-    trained: u64,
-    stale: u64,
-    filtered: u64,
-    rejected: u64,
+    /// What became of each group taken, in stream order.
+    groups: Vec<GroupRecord>,
     /// The step's last entry: the checkpoint's stream position once trained.
     last: Option<EntryId>,
 }
 
 impl Tally {
-    fn groups(&self) -> u64 {
-        self.trained + self.stale + self.filtered + self.rejected
+    fn count(&self, disposition: Disposition) -> u64 {
+        self.groups.iter().filter(|g| g.disposition == disposition).count() as u64
     }
 
-    fn apply(self, meta: &mut Meta) {
-        meta.groups_consumed += self.trained;
-        meta.groups_dropped_stale += self.stale;
-        meta.groups_filtered += self.filtered;
-        meta.groups_rejected += self.rejected;
+    fn trained(&self) -> u64 {
+        self.count(Disposition::Trained)
+    }
+
+    fn groups(&self) -> u64 {
+        self.groups.len() as u64
+    }
+
+    /// Adds the step's counts to `meta`; returns the groups' records.
+    fn apply(self, meta: &mut Meta) -> Vec<GroupRecord> {
+        meta.groups_consumed += self.trained();
+        meta.groups_dropped_stale += self.count(Disposition::Stale);
+        meta.groups_filtered += self.count(Disposition::Flat);
+        meta.groups_rejected += self.count(Disposition::Rejected);
         if let Some(last) = self.last {
             meta.stream_position = last.to_string();
         }
+        self.groups
     }
 }
 
@@ -332,30 +374,51 @@ pub async fn follow(trainer: Trainer, checkpoints: ObjectStore) -> Result<(), Er
     }
 }
 
-enum Taken {
-    Samples(Vec<Sample>),
-    Stale,
-    Filtered,
-    Rejected(String),
-}
-
-fn take_group(entry: &Entry, plan: &Plan, version: u64) -> Taken {
-    let Some(payload) = &entry.payload else { return Taken::Rejected("entry has no group field".into()) };
+/// Turns one entry into samples for the step after `version` (none when the
+/// group is dropped) and the record of what became of it.
+fn take_group(entry: &Entry, plan: &Plan, version: u64) -> (Vec<Sample>, GroupRecord) {
+    let mut record = GroupRecord {
+        entry_id: entry.id.to_string(),
+        group_id: String::new(),
+        step: version + 1,
+        disposition: Disposition::Rejected,
+        detail: String::new(),
+        token_version: 0,
+    };
+    let rejected = |mut record: GroupRecord, why: String| {
+        record.detail = why;
+        (Vec::new(), record)
+    };
+    let Some(payload) = &entry.payload else { return rejected(record, "entry has no group field".into()) };
     let group = match TrajectoryGroup::decode(payload.as_slice()) {
         Ok(group) => group,
-        Err(e) => return Taken::Rejected(format!("not a TrajectoryGroup: {e}")),
+        Err(e) => return rejected(record, format!("not a TrajectoryGroup: {e}")),
     };
+    record.group_id.clone_from(&group.group_id);
     // Staleness of the tokens themselves (the versions the gateway recorded
     // for each sampled token), not of the label the orchestrator gave the group
     // when it started: an episode can outlive several weight updates.
-    if version.saturating_sub(batch::oldest_token_version(&group)) > plan.max_staleness {
-        return Taken::Stale;
+    record.token_version = batch::oldest_token_version(&group);
+    if version.saturating_sub(record.token_version) > plan.max_staleness {
+        record.disposition = Disposition::Stale;
+        record.detail = format!(
+            "tokens sampled by version {}, learner at {version}, max_staleness {}",
+            record.token_version, plan.max_staleness
+        );
+        return (Vec::new(), record);
     }
     let taken = if plan.sft { batch::sft_samples(&group).map(Some) } else { batch::samples(&group, plan.estimator) };
     match taken {
-        Ok(Some(samples)) => Taken::Samples(samples),
-        Ok(None) => Taken::Filtered,
-        Err(e) => Taken::Rejected(e.to_string()),
+        Ok(Some(samples)) => {
+            record.disposition = Disposition::Trained;
+            (samples, record)
+        }
+        Ok(None) => {
+            record.disposition = Disposition::Flat;
+            record.detail = "every episode has the same reward".into();
+            (Vec::new(), record)
+        }
+        Err(e) => rejected(record, e.to_string()),
     }
 }
 

@@ -260,6 +260,10 @@ pub async fn run(
             publisher: publish::Publisher::new(&config.policy_servers, token.as_ref())?,
             model_dir,
             model_config,
+            run_end: match &config.orchestrator {
+                Some(address) => Some(run_spec::RunEnd::new(address, token.as_ref(), &config.run_id)?),
+                None => None,
+            },
         };
         tokio::spawn(learn::lead(trainer, plan, sources, progress.clone(), stopped))
     } else {

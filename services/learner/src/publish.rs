@@ -1,6 +1,6 @@
 //! Weight publication: after a step, the new weights go to every policy
 //! server as `UpdateWeights` streams (version = step), in chunks of at most
-//! 4 MiB so no gRPC message limit is hit. The servers swap between decode
+//! 3 MiB so no message reaches gRPC's default 4 MiB limit. The servers swap between decode
 //! steps. A server that missed a version (a failed publication, or a
 //! restart that brought it back on its base weights as version 0) is found
 //! by asking every server its version while the learner waits for groups,
@@ -21,7 +21,10 @@ use crate::Error;
 use crate::learn::Sources;
 use crate::trainer::Trainer;
 
-const CHUNK_BYTES: usize = 4 << 20;
+/// A chunk's data, below the servers' 4 MiB message limit with room for the
+/// rest of the message (name, shape, framing): chunks of exactly 4 MiB were
+/// refused, so every tensor over 4 MiB (any real embedding) never arrived.
+const CHUNK_BYTES: usize = 3 << 20;
 
 /// The requests of one update: a header, then every tensor in chunks (f32, little-endian).
 pub fn update_requests(version: u64, tensors: &[(String, Tensor)]) -> Vec<UpdateWeightsRequest> {
@@ -175,4 +178,21 @@ pub(crate) async fn publish_step(
         "weights published"
     );
     published.elapsed
+}
+
+#[cfg(test)]
+mod tests {
+    use prost::Message;
+
+    /// Every message of an update fits the servers' default 4 MiB limit, for
+    /// a tensor as large as a real embedding.
+    #[test]
+    fn update_messages_fit_the_grpc_limit() {
+        let embedding = tch::Tensor::zeros([49_152, 64], (tch::Kind::Float, tch::Device::Cpu));
+        let requests = super::update_requests(3, &[("model.embed_tokens.weight".into(), embedding)]);
+        assert_eq!(requests.len(), 1 + (49_152 * 64 * 4usize).div_ceil(super::CHUNK_BYTES));
+        for request in &requests {
+            assert!(request.encoded_len() < 4 << 20, "{} bytes", request.encoded_len());
+        }
+    }
 }

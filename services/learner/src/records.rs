@@ -1,6 +1,10 @@
-//! Per-step metrics in SQL (SQLite by default, PostgreSQL when configured),
-//! one row per run and step, written after the step; rewriting a step (a
-//! replay after a crash) replaces its row.
+//! What the learner did, in SQL (SQLite by default, PostgreSQL when
+//! configured): per-step metrics (`learner_steps`, one row per run and step)
+//! and what became of every group it took off the stream (`learner_groups`,
+//! one row per stream entry: trained in which step, or dropped and why).
+//! Both are written after the step trains. Steps after the checkpoint a
+//! resumed learner starts from are forgotten ([`forget_after`]) and written
+//! again by the replay, so the records describe the weights the run has.
 
 use sleuth_store::{Database, StoreError};
 
@@ -18,8 +22,138 @@ fn failed(database: &Database, source: sqlx::Error) -> StoreError {
     StoreError::Sql { url: database.url().to_owned(), source }
 }
 
+const GROUPS_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS learner_groups (
+    run_id TEXT NOT NULL,
+    entry_id TEXT NOT NULL,
+    group_id TEXT NOT NULL,
+    step BIGINT NOT NULL,
+    disposition TEXT NOT NULL,
+    detail TEXT NOT NULL,
+    token_version BIGINT NOT NULL,
+    PRIMARY KEY (run_id, entry_id)
+)";
+
 pub async fn migrate(database: &Database) -> Result<(), StoreError> {
-    sqlx::query(SCHEMA).execute(database.pool()).await.map_err(|e| failed(database, e))?;
+    for schema in [SCHEMA, GROUPS_SCHEMA] {
+        sqlx::query(schema).execute(database.pool()).await.map_err(|e| failed(database, e))?;
+    }
+    Ok(())
+}
+
+/// What became of one group the learner took off the stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Disposition {
+    /// Its episodes were in the step's batch.
+    Trained,
+    /// Its tokens were sampled more than `max_staleness` versions ago.
+    Stale,
+    /// Its rewards were all equal: no advantage to learn from.
+    Flat,
+    /// It could not be decoded or turned into samples (`detail` says why).
+    Rejected,
+}
+
+impl Disposition {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Disposition::Trained => "trained",
+            Disposition::Stale => "stale",
+            Disposition::Flat => "flat",
+            Disposition::Rejected => "rejected",
+        }
+    }
+}
+
+/// One row of `learner_groups`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupRecord {
+    /// The stream entry the group came in (`<ms>-<seq>`).
+    pub entry_id: String,
+    /// The orchestrator's group id (empty when the entry could not be decoded).
+    pub group_id: String,
+    /// The step that trained it, or that was being formed when it was dropped.
+    pub step: u64,
+    pub disposition: Disposition,
+    /// Why a group was dropped; empty for trained ones.
+    pub detail: String,
+    /// The oldest policy version that sampled any of its tokens.
+    pub token_version: u64,
+}
+
+/// Records what became of the groups one step took (see [`GroupRecord`]).
+pub async fn record_groups(database: &Database, run_id: &str, groups: &[GroupRecord]) -> Result<(), StoreError> {
+    let mut transaction = database.pool().begin().await.map_err(|e| failed(database, e))?;
+    for group in groups {
+        sqlx::query(
+            "INSERT INTO learner_groups (run_id, entry_id, group_id, step, disposition, detail, token_version)
+             VALUES ($1, $2, $3, $4, $5, $6, $7)
+             ON CONFLICT (run_id, entry_id) DO UPDATE SET group_id = excluded.group_id, step = excluded.step,
+                 disposition = excluded.disposition, detail = excluded.detail, token_version = excluded.token_version",
+        )
+        .bind(run_id)
+        .bind(&group.entry_id)
+        .bind(&group.group_id)
+        .bind(group.step as i64)
+        .bind(group.disposition.as_str())
+        .bind(&group.detail)
+        .bind(group.token_version as i64)
+        .execute(&mut *transaction)
+        .await
+        .map_err(|e| failed(database, e))?;
+    }
+    transaction.commit().await.map_err(|e| failed(database, e))?;
+    Ok(())
+}
+
+/// The groups of `run_id` the learner took, in stream order.
+pub async fn groups(database: &Database, run_id: &str) -> Result<Vec<GroupRecord>, StoreError> {
+    use sqlx::Row;
+    let rows = sqlx::query(
+        "SELECT entry_id, group_id, step, disposition, detail, token_version FROM learner_groups WHERE run_id = $1",
+    )
+    .bind(run_id)
+    .fetch_all(database.pool())
+    .await
+    .map_err(|e| failed(database, e))?;
+    let mut groups = rows
+        .iter()
+        .map(|row| {
+            let text = |name: &str| row.try_get::<String, _>(name).map_err(|e| failed(database, e));
+            let number = |name: &str| row.try_get::<i64, _>(name).map_err(|e| failed(database, e));
+            let disposition = match text("disposition")?.as_str() {
+                "trained" => Disposition::Trained,
+                "stale" => Disposition::Stale,
+                "flat" => Disposition::Flat,
+                _ => Disposition::Rejected,
+            };
+            Ok(GroupRecord {
+                entry_id: text("entry_id")?,
+                group_id: text("group_id")?,
+                step: number("step")? as u64,
+                disposition,
+                detail: text("detail")?,
+                token_version: number("token_version")? as u64,
+            })
+        })
+        .collect::<Result<Vec<_>, StoreError>>()?;
+    groups.sort_by_key(|g| g.entry_id.parse::<sleuth_store::trajectories::EntryId>().unwrap_or_default());
+    Ok(groups)
+}
+
+/// Forgets the steps of `run_id` after `step` (and the groups they took): a
+/// learner resuming from the checkpoint at `step` trains them again.
+pub async fn forget_after(database: &Database, run_id: &str, step: u64) -> Result<(), StoreError> {
+    for statement in [
+        "DELETE FROM learner_steps WHERE run_id = $1 AND step > $2",
+        "DELETE FROM learner_groups WHERE run_id = $1 AND step > $2",
+    ] {
+        sqlx::query(statement)
+            .bind(run_id)
+            .bind(step as i64)
+            .execute(database.pool())
+            .await
+            .map_err(|e| failed(database, e))?;
+    }
     Ok(())
 }
 

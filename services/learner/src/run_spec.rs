@@ -52,6 +52,40 @@ pub async fn fetch(address: &str, token: Option<&sleuth_kit::BearerToken>, run_i
     }
 }
 
+/// Asks the orchestrator whether the run is over: once it has published its
+/// last group and the learner has taken them all, the learner trains what is
+/// left as a final step, seals its last checkpoint and exits.
+#[derive(Clone)]
+pub struct RunEnd {
+    client: RolloutOrchestratorClient<sleuth_kit::client::MeshChannel>,
+    run_id: String,
+    address: String,
+}
+
+impl RunEnd {
+    pub fn new(address: &str, token: Option<&sleuth_kit::BearerToken>, run_id: &str) -> Result<Self, Error> {
+        let client = RolloutOrchestratorClient::new(sleuth_kit::client::connect_lazy(address, token)?);
+        Ok(Self { client, run_id: run_id.to_owned(), address: address.to_owned() })
+    }
+
+    /// The number of groups the run published, once it succeeded (they are
+    /// then all it will publish); `None` while it runs, failed (it may be
+    /// resumed) or the orchestrator cannot be asked (the learner asks again).
+    pub async fn groups_published(&mut self) -> Option<u64> {
+        use sleuth_proto::rollout::v1::RunStatus;
+        match self.client.get_run(GetRunRequest { run_id: self.run_id.clone() }).await {
+            Ok(run) => {
+                let run = run.into_inner();
+                (run.status == RunStatus::Succeeded as i32).then(|| run.progress.map_or(0, |p| p.groups_published))
+            }
+            Err(status) => {
+                tracing::warn!(orchestrator = %self.address, code = ?status.code(), message = status.message(), "cannot ask whether the run is over");
+                None
+            }
+        }
+    }
+}
+
 /// Takes the training settings of `spec` into `config`; fields the spec
 /// leaves at zero or empty keep the learner's defaults.
 pub fn apply(config: &mut Config, spec: &RunSpec) -> Result<(), Error> {

@@ -301,12 +301,12 @@ impl Scheduler {
             // Idle: block for work. Busy: take whatever arrived since the last step.
             if self.running.is_empty() && self.waiting.is_empty() {
                 match commands.blocking_recv() {
-                    Some(command) => self.handle(command),
+                    Some(command) => self.handle(command, &mut batch),
                     None => return,
                 }
             }
             while let Ok(command) = commands.try_recv() {
-                self.handle(command);
+                self.handle(command, &mut batch);
             }
             self.admit(&mut batch);
             if !self.running.is_empty() {
@@ -321,7 +321,7 @@ impl Scheduler {
         }
     }
 
-    fn handle(&mut self, command: Command) {
+    fn handle(&mut self, command: Command, batch: &mut BatchCache) {
         match command {
             Command::Generate { job, events } => {
                 if self.waiting.len() >= self.limits.max_queue {
@@ -335,7 +335,11 @@ impl Scheduler {
                 }
             }
             Command::Update { version, weights, reply } => {
-                let _ = reply.send(self.update(version, weights));
+                let updated = self.update(version, weights);
+                if updated.is_ok() {
+                    self.refill(batch);
+                }
+                let _ = reply.send(updated);
             }
             Command::Facts { reply } => {
                 let _ = reply.send(self.facts.clone());
@@ -391,6 +395,27 @@ impl Scheduler {
         self.sessions.clear();
         tracing::info!(version, "weights updated");
         Ok(version)
+    }
+
+    /// After a weight update: recomputes the keys and values of every running
+    /// sequence with the new weights, so each token sampled from now on comes
+    /// from the new version alone, as its recorded version says. (Decoding on
+    /// keys and values the old weights wrote gave logprobs of neither
+    /// version: the learner could not reproduce them.)
+    fn refill(&mut self, batch: &mut BatchCache) {
+        for row in (0..self.running.len()).rev() {
+            batch.remove(row);
+        }
+        for running in &self.running {
+            let tokens = running.cached_tokens();
+            let length = tokens.len() as i64;
+            let ids = Tensor::from_slice(&tokens).to_device(self.facts.device).unsqueeze(0);
+            let (_, cache) = self.model.prefill(&ids, &[length]);
+            if let Err(message) = batch.insert(&cache.row(0, length)) {
+                // Cannot happen: the batch held these sequences a moment ago.
+                tracing::error!(message, "refilling the batch after a weight update");
+            }
+        }
     }
 
     /// Admits waiting requests that fit, prefilling those without a reusable

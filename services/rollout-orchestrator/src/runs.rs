@@ -36,11 +36,13 @@ const GATE_POLL: Duration = Duration::from_millis(200);
 
 /// Whether group number `number` (start order) may start: at most
 /// `max_staleness + 1` steps' worth of groups may be ahead of the groups the
-/// learner has taken off the stream. Without dropped groups this is "the step
-/// that will train it is at most `max_staleness` ahead of the learner"; a
-/// group the learner drops (stale, flat, corrupt) is taken too, so dropped
-/// groups never hold the window shut. The bound on the tokens' own staleness
-/// is the learner's: it drops groups sampled too many versions ago.
+/// learner is done with: trained in a step whose weights are published, or
+/// dropped (stale, flat, corrupt; counted at once, so dropped groups never
+/// hold the window shut). Then the step that trains a group is at most
+/// `max_staleness` versions after the weights it starts on: with
+/// `max_staleness: 0` the next step's groups start only on the new weights.
+/// The bound on the tokens' own staleness is the learner's: it drops groups
+/// sampled too many versions ago (a lagging policy server, a long episode).
 fn within_window(number: u64, taken: u64, batch: u64, max_staleness: u64) -> bool {
     number < taken + (max_staleness + 1) * batch
 }
