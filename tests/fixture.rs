@@ -149,10 +149,11 @@ pub fn imprint_cached(smollm2: &Path, replies: &[&str], tools: &[serde_json::Val
 pub struct Mesh {
     pub tools: ServiceProcess,
     pub policy: ServiceProcess,
-    gateway: ServiceProcess,
+    pub gateway: ServiceProcess,
     pub agents: Vec<ServiceProcess>,
     pub redis_url: String,
-    _redis: sleuth_testkit::TestServer,
+    /// The mesh's Redis (persistent with [`Mesh::persistent`], so it can restart).
+    pub redis: sleuth_testkit::TestServer,
     /// The policy's model directory (the learner starts from it).
     pub model: PathBuf,
 }
@@ -163,7 +164,16 @@ impl Mesh {
     }
 
     pub fn with_agents(model: &Path, index: &Path, agents: usize) -> Result<Self> {
-        let redis = sleuth_testkit::redis()?;
+        Self::on_redis(sleuth_testkit::redis()?, model, index, agents)
+    }
+
+    /// [`Mesh::with_agents`] on a Redis with append-only persistence, which
+    /// `mesh.redis.restart()` brings back with everything it acknowledged.
+    pub fn persistent(model: &Path, index: &Path, agents: usize) -> Result<Self> {
+        Self::on_redis(sleuth_testkit::redis_persistent()?, model, index, agents)
+    }
+
+    fn on_redis(redis: sleuth_testkit::TestServer, model: &Path, index: &Path, agents: usize) -> Result<Self> {
         let redis_url = sleuth_testkit::redis_url(&redis);
         let tools = ServiceProcess::start(
             "tool-gateway",
@@ -182,8 +192,7 @@ impl Mesh {
                 ("SLEUTH_HTTP_LISTEN", "127.0.0.1:0".into()),
             ],
         )?;
-        let mut mesh =
-            Self { tools, policy, gateway, agents: Vec::new(), redis_url, _redis: redis, model: model.to_owned() };
+        let mut mesh = Self { tools, policy, gateway, agents: Vec::new(), redis_url, redis, model: model.to_owned() };
         mesh.agents = (0..agents).map(|_| mesh.agent(&[])).collect::<Result<Vec<_>>>()?;
         Ok(mesh)
     }

@@ -1,10 +1,17 @@
-//! The training loop closed, every part a real process: an orchestrator
-//! fanning episodes out to two agent workers (tool gateway, inference
-//! gateway, policy server behind them), a learner training on the groups
-//! from the Redis stream and publishing each step's weights back to the
-//! policy server, SQLite for both. The policy is imprinted to sample one of
-//! three replies (two rankings, one malformed call), so groups differ in
-//! reward, some are flat, and malformed calls happen.
+//! The training loop closed, every part a real process, through every fault
+//! a deployment sees: an orchestrator fanning episodes out to two agent
+//! workers (tool gateway, inference gateway, policy server behind them), a
+//! learner training on the groups from the Redis stream and publishing each
+//! step's weights back to the policy server, SQLite for both, Redis with
+//! append-only persistence. The policy is imprinted to sample one of three
+//! replies (two rankings, one malformed call), so groups differ in reward,
+//! some are flat, and malformed calls happen.
+//!
+//! Mid-run, one after another, each once the learner has moved on from the
+//! last: the learner is SIGKILLed with a published version not yet in a
+//! checkpoint (and that step's entries unacknowledged); the restarted learner
+//! is SIGTERMed with a step's entries read; the policy server restarts on its
+//! base weights; Redis restarts; the orchestrator restarts.
 //!
 //! The test accounts for every group the orchestrator published: trained in
 //! exactly one step or dropped with its reason, acknowledged, and sampled by
@@ -13,102 +20,241 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use learner::records::{Disposition, GroupRecord};
+use sleuth_kit::client::MeshChannel;
 use sleuth_proto::common::v1::{SamplingParams, SegmentKind, TrajectoryGroup};
 use sleuth_proto::rollout::v1 as rollout;
+use sleuth_proto::rollout::v1::rollout_orchestrator_client::RolloutOrchestratorClient as OrchestratorClient;
+use sleuth_store::trajectories;
 use sleuth_tests::fixture::*;
 
 const RUN: &str = "loop";
 const BATCH: u64 = 2;
 
+/// What the test watches while the run goes.
+struct Watch {
+    redis: sleuth_store::RedisStore,
+    checkpoints: PathBuf,
+}
+
+impl Watch {
+    /// The version the learner last announced (Redis restarts in the test: retried).
+    async fn version(&self) -> Result<u64> {
+        let patience = Duration::from_secs(30);
+        Ok(sleuth_store::patiently("reading the version", patience, || trajectories::learner_version(&self.redis, RUN))
+            .await?)
+    }
+
+    fn sealed(&self, step: u64) -> bool {
+        self.checkpoints.join(learner::checkpoint::step_dir(step)).join("COMPLETE").is_file()
+    }
+
+    /// Entries the learner has read and not acknowledged.
+    async fn pending(&self) -> Result<usize> {
+        let mut connection = self.redis.connection().await?;
+        let pending: redis::streams::StreamPendingReply =
+            redis::AsyncCommands::xpending(&mut connection, trajectories::stream_key(RUN), trajectories::LEARNER_GROUP)
+                .await?;
+        Ok(pending.count())
+    }
+
+    /// Waits for the learner to announce a version after the current one.
+    async fn step_after(&self, fault: &str, limit: Duration, logs: &dyn Fn() -> String) -> Result<()> {
+        let from = self.version().await?;
+        self.until(&format!("a step after {fault}"), limit, logs, || async { Ok(self.version().await? > from) }).await
+    }
+
+    /// Polls `ready` every 20 ms until it holds, for at most `limit`.
+    async fn until<F: std::future::Future<Output = Result<bool>>>(
+        &self,
+        what: &str,
+        limit: Duration,
+        logs: &dyn Fn() -> String,
+        mut ready: impl FnMut() -> F,
+    ) -> Result<()> {
+        let deadline = Instant::now() + limit;
+        while !ready().await? {
+            anyhow::ensure!(Instant::now() < deadline, "{what}: not within {limit:?}\n{}", logs());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(())
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_training_run_closes_the_loop() -> Result<()> {
+async fn a_training_run_closes_the_loop_through_faults() -> Result<()> {
     let scratch = tempfile::tempdir()?;
     let Policies { index, mixed, .. } = policies(scratch.path()).await?;
-    let mut mesh = Mesh::with_agents(&mixed, &index, 2)?;
+    let mut mesh = Mesh::persistent(&mixed, &index, 2)?;
     mesh.client().await?;
-    let (orchestrator, mut client) = mesh.orchestrator(&scratch.path().join("runs.db")).await?;
+    let runs_db = scratch.path().join("runs.db");
+    let (mut orchestrator, mut client) = mesh.orchestrator(&runs_db).await?;
 
     // Groups of 4, 2 per step, on-policy (staleness 0), every step checkpointed
     // (the test reads each version's weights back), sampled at temperature 1.
     let mut spec = spec(&index, 4, BATCH as u32, 8, 0, 3);
-    spec.max_epochs = 8;
+    spec.max_epochs = 10;
     spec.agent.as_mut().context("agent")?.sampling =
         Some(SamplingParams { temperature: Some(1.0), seed: Some(11), ..Default::default() });
     spec.training = Some(rollout::TrainingSpec { learning_rate: 1e-3, checkpoint_every: 1, ..Default::default() });
     let stream = StreamRecorder::start(&mesh.redis_url, RUN);
     client.create_run(rollout::CreateRunRequest { spec: Some(spec), run_id: RUN.into() }).await?;
     let mut learner = mesh.learner(RUN, scratch.path(), &orchestrator)?;
+    let watch = Watch {
+        redis: sleuth_store::RedisStore::open(&mesh.redis_url)?,
+        checkpoints: scratch.path().join("checkpoints"),
+    };
+    let long = Duration::from_secs(240);
 
-    // Mid-run the policy server restarts, on its base weights as version 0,
-    // while the learner is paused (so nothing republishes): the episodes in
-    // flight finish on version 0 and their groups must be dropped as stale.
-    let redis = sleuth_store::RedisStore::open(&mesh.redis_url)?;
-    let deadline = std::time::Instant::now() + Duration::from_secs(240);
-    let mut reported = std::time::Instant::now();
-    loop {
-        let run = client.get_run(rollout::GetRunRequest { run_id: RUN.into() }).await?.into_inner();
-        let version = sleuth_store::trajectories::learner_version(&redis, RUN).await?;
-        if reported.elapsed() > Duration::from_secs(10) {
-            eprintln!("learner at version {version}; run {:?}", run.progress);
-            reported = std::time::Instant::now();
+    // 1. SIGKILL with a version published but not in a checkpoint: frozen
+    // (SIGSTOP) between announcing version v and sealing its checkpoint, while
+    // episodes sample on v, then killed. Version v's weights are lost; the
+    // restarted learner must never reuse the number, and groups sampled by
+    // v are dropped as stale.
+    let deadline = Instant::now() + long;
+    let lost = loop {
+        let version = watch.version().await?;
+        if version >= 2 && !watch.sealed(version) {
+            learner.signal("STOP")?;
+            if !watch.sealed(version) {
+                break version;
+            }
+            learner.signal("CONT")?; // sealed meanwhile: wait for the next one
         }
-        if version >= 2 && run.progress.as_ref().is_some_and(|p| p.episodes_in_flight > 0) {
-            break;
-        }
-        anyhow::ensure!(
-            std::time::Instant::now() < deadline,
-            "the learner never reached version 2: {run:?}\nlearner log:\n{}\npolicy server log:\n{}",
-            learner.log(),
-            mesh.policy.log()
-        );
+        anyhow::ensure!(Instant::now() < deadline, "no unsealed version >= 2 seen\n{}", learner.log());
         tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let before = progress(&mut client).await?.episodes_finished;
+    while progress(&mut client).await?.episodes_finished < before + 4 {
+        anyhow::ensure!(Instant::now() < deadline, "no episode finished on version {lost}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    learner.signal("STOP")?;
+    let unacknowledged = watch.pending().await?;
+    assert!(unacknowledged >= 1, "the lost step's entries must still be pending");
+    learner.kill()?;
+    eprintln!("faults: learner killed with version {lost} unsealed and {unacknowledged} entries pending");
+    learner = mesh.learner(RUN, scratch.path(), &orchestrator)?;
+    watch
+        .until("the restarted learner moving past the lost version", long, &|| learner.log(), || async {
+            Ok(watch.version().await? >= lost + 2)
+        })
+        .await?;
+
+    // 2. SIGTERM with a step's entries read (forming or training it): the
+    // learner stops gracefully, keeping what it trained, acknowledging nothing else.
+    let at = watch.version().await?;
+    watch
+        .until("the learner reading the next step", long, &|| learner.log(), || async {
+            Ok(watch.version().await? == at && watch.sealed(at) && watch.pending().await? >= 1)
+        })
+        .await?;
+    let (exit, _) = learner.terminate(Duration::from_secs(60))?;
+    assert!(exit.success(), "learner exited with {exit} on SIGTERM; log:\n{}", learner.log());
+    eprintln!("faults: learner stopped at version {at} with a step's entries read");
+    learner = mesh.learner(RUN, scratch.path(), &orchestrator)?;
+    watch.step_after("the SIGTERM", long, &|| learner.log()).await?;
+
+    // 3. The policy server restarts on its base weights (version 0): no turn
+    // of the run may be sampled by them; it serves again once brought up to date.
+    let restarted_at = unix_ms();
     mesh.restart_policy()?;
-    wait_for(&mut client, RUN, Duration::from_secs(120), |run| {
-        run.progress.as_ref().is_some_and(|p| p.episodes_in_flight == 0)
-    })
-    .await?;
-    learner.signal("CONT")?;
+    eprintln!("faults: policy server restarted at learner version {}", watch.version().await?);
+    watch.step_after("the policy server restart", long, &|| mesh.policy.log()).await?;
+
+    // 4. Redis restarts, with its append-only file.
+    mesh.redis.restart()?;
+    eprintln!("faults: redis restarted at learner version {}", watch.version().await?);
+    watch.step_after("the Redis restart", long, &|| learner.log()).await?;
+
+    // 5. The orchestrator is SIGKILLed and comes back on its address and database.
+    let address = orchestrator.addr.clone();
+    orchestrator.kill()?;
+    (orchestrator, client) = mesh.orchestrator_with(&runs_db, &[("SLEUTH_LISTEN", address)]).await?;
+    eprintln!("faults: orchestrator restarted at learner version {}", watch.version().await?);
 
     let finished =
-        wait_for(&mut client, RUN, Duration::from_secs(400), |run| run.status != rollout::RunStatus::Running as i32)
+        wait_for(&mut client, RUN, Duration::from_secs(600), |run| run.status != rollout::RunStatus::Running as i32)
             .await?;
     assert_eq!(finished.status, rollout::RunStatus::Succeeded as i32, "{}", finished.status_detail);
     // The learner sees the run is over, trains the rest and exits.
     let (exit, _) = learner.wait(Duration::from_secs(120))?;
     assert!(exit.success(), "learner exited with {exit}; log:\n{}", learner.log());
+    drop(orchestrator);
 
-    // Every published group: trained in exactly one step, or dropped with its reason.
     tokio::time::sleep(Duration::from_millis(100)).await; // the recorder's last look
     let entries = stream.entries();
     assert_eq!(entries.len() as u64, published(&finished), "entries seen in the stream");
-    let database = sleuth_store::Database::open(&format!("sqlite://{}", scratch.path().join("learner.db").display()))?;
+    let summary = account(&entries, scratch.path(), &mesh, lost).await?;
+
+    // No turn after the policy server's restart was sampled by its base weights.
+    for (id, group) in &entries {
+        let at: u64 = id.split('-').next().unwrap_or_default().parse()?;
+        if at > restarted_at {
+            let zero = group
+                .episodes
+                .iter()
+                .filter_map(|e| e.trace.as_ref())
+                .flat_map(|t| &t.segments)
+                .any(|s| s.kind == SegmentKind::Policy as i32 && s.policy_version == 0);
+            assert!(!zero, "group {} (published after the restart) was sampled by the base weights", group.group_id);
+        }
+    }
+    eprintln!("closed loop through faults: {summary}");
+    Ok(())
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+async fn progress(client: &mut OrchestratorClient<MeshChannel>) -> Result<rollout::RunProgress> {
+    let run = client.get_run(rollout::GetRunRequest { run_id: RUN.into() }).await?.into_inner();
+    run.progress.context("run progress")
+}
+
+/// Checks that every entry of the run's stream was trained in exactly one
+/// step or dropped with its reason, that the steps are whole, that nothing is
+/// left unacknowledged, and that the traces' versions are the weights that
+/// sampled them. `lost` is the version the learner lost in its crash.
+async fn account(entries: &[(String, TrajectoryGroup)], data: &Path, mesh: &Mesh, lost: u64) -> Result<String> {
+    let database = sleuth_store::Database::open(&format!("sqlite://{}", data.join("learner.db").display()))?;
     let records = learner::records::groups(&database, RUN).await?;
     let recorded: BTreeMap<&str, &GroupRecord> = records.iter().map(|r| (r.entry_id.as_str(), r)).collect();
     assert_eq!(recorded.len(), records.len());
-    for (id, group) in &entries {
+    for (id, group) in entries {
         let record =
             recorded.get(id.as_str()).with_context(|| format!("group {} ({id}) never accounted", group.group_id))?;
         assert_eq!(record.group_id, group.group_id);
     }
     assert_eq!(records.len(), entries.len(), "records of entries not in the stream");
-    let count = |d: Disposition| records.iter().filter(|r| r.disposition == d).count();
-    let steps: BTreeSet<u64> =
-        records.iter().filter(|r| r.disposition == Disposition::Trained).map(|r| r.step).collect();
-    let last = *steps.last().context("nothing trained")?;
+
+    // Steps: every recorded one trained whole batches, except the versions
+    // the crash lost (never recorded) and the one that republished the
+    // checkpoint's weights past them (no groups).
+    let steps = learner::records::steps(&database, RUN).await?;
+    let rollbacks: BTreeSet<u64> =
+        steps.iter().filter(|(_, m)| m.get("rolled_back_to").is_some()).map(|(s, _)| *s).collect();
+    let recorded_steps: BTreeSet<u64> = steps.iter().map(|(s, _)| *s).collect();
+    let last = *recorded_steps.last().context("no step recorded")?;
     assert!(last >= 8, "{last} learner steps");
-    assert_eq!(steps, (1..=last).collect(), "every step trained some groups");
-    for step in 1..=last {
-        let trained = records.iter().filter(|r| r.disposition == Disposition::Trained && r.step == step).count() as u64;
-        assert!(trained == BATCH || (step == last && trained < BATCH), "step {step} trained {trained} groups");
+    assert_eq!(rollbacks.len(), 1, "one crash, one rollback: {steps:?}");
+    let rollback = *rollbacks.first().expect("one");
+    assert_eq!(rollback, lost + 1, "the lost version's number is never reused");
+    let expected: BTreeSet<u64> = (1..=last).filter(|s| *s != lost).collect();
+    assert_eq!(recorded_steps, expected, "steps recorded");
+    let count = |d: Disposition| records.iter().filter(|r| r.disposition == d).count();
+    let trained: BTreeSet<u64> =
+        records.iter().filter(|r| r.disposition == Disposition::Trained).map(|r| r.step).collect();
+    assert_eq!(trained, &recorded_steps - &rollbacks, "every step but the rollback trained groups");
+    for &step in &trained {
+        let n = records.iter().filter(|r| r.disposition == Disposition::Trained && r.step == step).count() as u64;
+        assert!(n == BATCH || (step == last && n < BATCH), "step {step} trained {n} groups");
     }
     assert!(count(Disposition::Flat) >= 1, "no flat group: {records:#?}");
-    assert!(count(Disposition::Stale) >= 1, "the restarted policy server's groups were not dropped: {records:#?}");
+    assert!(count(Disposition::Stale) >= 1, "the groups sampled by the lost version were not dropped: {records:#?}");
     assert_eq!(count(Disposition::Rejected), 0, "{records:#?}");
     for record in &records {
         match record.disposition {
@@ -126,50 +272,51 @@ async fn a_training_run_closes_the_loop() -> Result<()> {
         .count();
     assert!(malformed >= 1, "no malformed tool call was made");
 
-    // The run's final state: steps recorded, checkpoint sealed, nothing pending.
-    let steps_recorded = learner::records::steps(&database, RUN).await?;
-    assert_eq!(steps_recorded.len() as u64, last);
-    let checkpoints = scratch.path().join("checkpoints");
+    // The run's final state: checkpoint sealed, nothing pending.
+    let checkpoints = data.join("checkpoints");
     assert!(checkpoints.join(format!("{}/COMPLETE", learner::checkpoint::step_dir(last))).is_file());
     let connection = &mut redis::Client::open(mesh.redis_url.as_str())?.get_multiplexed_async_connection().await?;
-    let pending: redis::streams::StreamPendingReply = redis::AsyncCommands::xpending(
-        connection,
-        sleuth_store::trajectories::stream_key(RUN),
-        sleuth_store::trajectories::LEARNER_GROUP,
-    )
-    .await?;
+    let pending: redis::streams::StreamPendingReply =
+        redis::AsyncCommands::xpending(connection, trajectories::stream_key(RUN), trajectories::LEARNER_GROUP).await?;
     assert_eq!(pending.count(), 0, "entries left unacknowledged");
 
-    // The versions in the traces are the weights that sampled them.
-    let checked = check_token_versions(&entries, &mesh.model, &checkpoints, last)?;
-    eprintln!(
-        "closed loop: {} groups, {last} steps, {} trained, {} flat, {} stale; {malformed} malformed calls; \
-         {checked} sampled segments match their version's logprobs",
+    // The versions in the trained groups' traces are the weights that sampled them.
+    let trained_entries: Vec<&TrajectoryGroup> = entries
+        .iter()
+        .filter(|(id, _)| recorded[id.as_str()].disposition == Disposition::Trained)
+        .map(|(_, g)| g)
+        .collect();
+    let checked = check_token_versions(&trained_entries, &mesh.model, &checkpoints, &recorded_steps)?;
+    Ok(format!(
+        "{} groups, {last} steps (version {lost} lost, republished as {rollback}), {} trained, {} flat, {} stale; \
+         {malformed} malformed calls; {checked} sampled segments match their version's logprobs",
         entries.len(),
         count(Disposition::Trained),
         count(Disposition::Flat),
         count(Disposition::Stale)
-    );
-    Ok(())
+    ))
 }
 
-/// For every sampled segment of every trained group, the logprobs of its
-/// tokens under the weights of the version it names (the base model for 0,
-/// the learner's checkpoint export for the others) equal the ones the policy
-/// server recorded, within 1e-4; under the previous version's weights they do
-/// not (so the check can tell versions apart). Returns the segments checked.
+/// For every sampled segment of `groups`, the logprobs of its tokens under
+/// the weights of the version it names (the base model for 0, the learner's
+/// checkpoint export for the others) equal the ones the policy server
+/// recorded, within 1e-4; under an earlier version's weights they do not (so
+/// the check can tell versions apart). Returns the segments checked.
 fn check_token_versions(
-    entries: &[(String, TrajectoryGroup)],
+    groups: &[&TrajectoryGroup],
     base: &Path,
     checkpoints: &Path,
-    last: u64,
+    versions: &BTreeSet<u64>,
 ) -> Result<usize> {
     let weights = |version: u64| -> PathBuf {
         if version == 0 { base.to_owned() } else { checkpoints.join(learner::checkpoint::step_dir(version)).join("hf") }
     };
-    let models: Vec<Scorer> = (0..=last).map(|v| Scorer::load(&weights(v))).collect::<Result<_>>()?;
+    let models: BTreeMap<u64, Scorer> = std::iter::once(0)
+        .chain(versions.iter().copied())
+        .map(|v| Ok((v, Scorer::load(&weights(v))?)))
+        .collect::<Result<_>>()?;
     let (mut checked, mut told_apart) = (0, 0);
-    for episode in entries.iter().flat_map(|(_, g)| &g.episodes) {
+    for episode in groups.iter().flat_map(|g| &g.episodes) {
         let Some(trace) = &episode.trace else { continue };
         let tokens: Vec<i64> = trace.segments.iter().flat_map(|s| s.token_ids.iter().map(|&t| i64::from(t))).collect();
         let mut at = 0;
@@ -180,14 +327,13 @@ fn check_token_versions(
                 continue;
             }
             let version = segment.policy_version;
-            let model =
-                models.get(version as usize).with_context(|| format!("version {version} > last step {last}"))?;
+            let model = models.get(&version).with_context(|| format!("no weights of version {version}"))?;
             let ours = model.logprobs(&tokens[..span.end], span.start)?;
             let worst = max_gap(&ours, &segment.logprobs);
             assert!(worst < 1e-4, "{}: segment at version {version} differs by {worst}", episode.episode_id);
             checked += 1;
-            if version >= 1 {
-                let before = models[version as usize - 1].logprobs(&tokens[..span.end], span.start)?;
+            if let Some((_, before)) = models.range(..version).next_back() {
+                let before = before.logprobs(&tokens[..span.end], span.start)?;
                 told_apart += usize::from(max_gap(&before, &segment.logprobs) > 1e-3);
             }
         }

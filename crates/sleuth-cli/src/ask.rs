@@ -49,6 +49,7 @@ pub async fn run(args: AskArgs) -> anyhow::Result<()> {
             ..Default::default()
         }),
         return_model_logprobs: true,
+        min_policy_version: 0,
     };
     let started = Instant::now();
     let response =

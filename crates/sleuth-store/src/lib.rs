@@ -8,11 +8,13 @@
 
 pub mod object;
 pub mod redis;
+pub mod retry;
 pub mod sql;
 pub mod trajectories;
 
 pub use object::{ObjectStore, S3Args};
 pub use redis::{RedisArgs, RedisStore};
+pub use retry::patiently;
 pub use sql::{Database, DatabaseArgs};
 
 /// Errors of every store.

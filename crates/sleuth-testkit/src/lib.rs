@@ -29,7 +29,12 @@ pub struct TestServer {
     dir: TempDir,
     /// Extra stop step for servers that daemonise (PostgreSQL via pg_ctl).
     stop: Option<Command>,
+    /// How to start the server again on its port and directory ([`TestServer::restart`]).
+    start: Option<Box<StartCommand>>,
 }
+
+/// The command that starts a server on a port with a data directory.
+type StartCommand = dyn Fn(u16, &Path) -> Command + Send + Sync;
 
 impl TestServer {
     pub fn addr(&self) -> SocketAddr {
@@ -49,6 +54,21 @@ impl TestServer {
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
     }
+
+    /// Kills the server (SIGKILL: nothing is flushed on the way out) and
+    /// starts it again on the same port and data directory, as a crashed
+    /// pod comes back on its volume.
+    pub fn restart(&mut self) -> Result<()> {
+        let start = self.start.take().with_context(|| format!("{} cannot be restarted", self.name))?;
+        if let Some(mut child) = self.child.take() {
+            child.kill()?;
+            child.wait()?;
+        }
+        let restarted = spawn_in(self.name, self.port(), &self.dir, start.as_ref());
+        self.start = Some(start);
+        self.child = restarted?;
+        Ok(())
+    }
 }
 
 impl Drop for TestServer {
@@ -66,21 +86,35 @@ impl Drop for TestServer {
 /// A Redis 7 server without persistence. URL: [`redis_url`].
 pub fn redis() -> Result<TestServer> {
     let binary = find_tool("redis-server")?;
-    spawn_with_free_port("redis", |port, dir| redis_command(&binary, port, dir))
+    spawn_with_free_port("redis", |port, dir| redis_command(&binary, port, dir, false))
 }
 
 /// A Redis server on a given port (to start a dependency after the service that needs it).
 pub fn redis_on_port(port: u16) -> Result<TestServer> {
     let binary = find_tool("redis-server")?;
-    spawn_on_port("redis", port, &|port, dir| redis_command(&binary, port, dir))
+    spawn_on_port("redis", port, &|port, dir| redis_command(&binary, port, dir, false))
 }
 
-fn redis_command(binary: &Path, port: u16, dir: &Path) -> Command {
+/// A Redis server that writes every command to its append-only file before
+/// answering (`appendfsync always`), as a production deployment's
+/// persistence does: [`TestServer::restart`] brings it back with everything
+/// it acknowledged.
+pub fn redis_persistent() -> Result<TestServer> {
+    let binary = find_tool("redis-server")?;
+    let start = move |port: u16, dir: &Path| redis_command(&binary, port, dir, true);
+    let mut server = spawn_with_free_port("redis", &start)?;
+    server.start = Some(Box::new(start));
+    Ok(server)
+}
+
+fn redis_command(binary: &Path, port: u16, dir: &Path, persistent: bool) -> Command {
     let mut command = Command::new(binary);
-    command
-        .args(["--bind", "127.0.0.1", "--port", &port.to_string(), "--save", "", "--appendonly", "no"])
-        .arg("--dir")
-        .arg(dir);
+    command.args(["--bind", "127.0.0.1", "--port", &port.to_string(), "--save", ""]).arg("--dir").arg(dir);
+    if persistent {
+        command.args(["--appendonly", "yes", "--appendfsync", "always"]);
+    } else {
+        command.args(["--appendonly", "no"]);
+    }
     command
 }
 
@@ -142,7 +176,7 @@ pub fn postgres() -> Result<TestServer> {
     stop.arg("-D").arg(&data).args(["-m", "immediate", "-w", "stop"]);
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     wait_for_port(addr, None, "postgres", &log)?;
-    Ok(TestServer { name: "postgres", child: None, addr, dir, stop: Some(stop) })
+    Ok(TestServer { name: "postgres", child: None, addr, dir, stop: Some(stop), start: None })
 }
 
 pub fn postgres_url(server: &TestServer) -> String {
@@ -218,8 +252,20 @@ fn spawn_with_free_port(name: &'static str, command: impl Fn(u16, &Path) -> Comm
 
 fn spawn_on_port(name: &'static str, port: u16, command: &dyn Fn(u16, &Path) -> Command) -> Result<TestServer> {
     let dir = tempfile::Builder::new().prefix(&format!("sleuth-{name}-")).tempdir()?;
+    let child = spawn_in(name, port, &dir, command)?;
+    Ok(TestServer { name, child, addr: SocketAddr::from(([127, 0, 0, 1], port)), dir, stop: None, start: None })
+}
+
+/// Starts `command` in `dir` (logging to its `server.log`, appended) and
+/// waits until it listens on `port`.
+fn spawn_in(
+    name: &'static str,
+    port: u16,
+    dir: &TempDir,
+    command: &dyn Fn(u16, &Path) -> Command,
+) -> Result<Option<Child>> {
     let log_path = dir.path().join("server.log");
-    let log = File::create(&log_path)?;
+    let log = File::options().create(true).append(true).open(&log_path)?;
     let mut child = command(port, dir.path())
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
@@ -232,7 +278,7 @@ fn spawn_on_port(name: &'static str, port: u16, command: &dyn Fn(u16, &Path) -> 
         let _ = child.wait();
         return Err(error);
     }
-    Ok(TestServer { name, child: Some(child), addr, dir, stop: None })
+    Ok(Some(child))
 }
 
 fn wait_for_port(addr: SocketAddr, mut child: Option<&mut Child>, name: &str, log: &Path) -> Result<()> {

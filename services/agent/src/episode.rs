@@ -91,6 +91,7 @@ pub async fn run(clients: &Clients, request: &RunEpisodeRequest) -> Episode {
                 sampling.seed = sampling.seed.map(|seed| sleuth_kit::seed::derive(seed, &format!("turn {turns}")));
                 let chat = inference::ChatRequest {
                     episode_id: request.episode_id.clone(),
+                    run_id: request.run_id.clone(),
                     messages: messages.clone(),
                     tools: tool_specs.clone(),
                     sampling: Some(sampling),

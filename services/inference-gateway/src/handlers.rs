@@ -26,9 +26,16 @@ pub enum OnDrift {
 const DEFAULT_MAX_NEW_TOKENS: u32 = 1024;
 
 pub struct Handlers {
+    /// The served model's chat template and tokenizer.
     pub renderer: Renderer,
+    /// Every episode's token trace.
     pub traces: TraceStore,
+    /// The policy-server replicas turns are routed to.
     pub policy: crate::routing::Replicas,
+    /// Where each training run's current learner version is read: a run's
+    /// turns are sampled by weights no older than it.
+    pub runs: sleuth_store::RedisStore,
+    /// What a turn does when the conversation drifted from the trace.
     pub on_drift: OnDrift,
 }
 
@@ -144,12 +151,17 @@ impl Handlers {
         if sampling.max_new_tokens == 0 {
             sampling.max_new_tokens = DEFAULT_MAX_NEW_TOKENS;
         }
+        let min_policy_version = match request.run_id.trim() {
+            "" => 0,
+            run => sleuth_store::trajectories::learner_version(&self.runs, run).await?,
+        };
         let generate = GenerateRequest {
             request_id: String::new(),
             session_id: episode.clone(),
             prompt_token_ids: prompt.clone(),
             sampling: Some(sampling),
             return_model_logprobs: false,
+            min_policy_version,
         };
         let policy_started = std::time::Instant::now();
         let (replica, generated) = self.policy.generate(&episode, generate).await?;

@@ -105,6 +105,7 @@ pub async fn run(
         renderer,
         traces: episode::TraceStore::new(redis.clone(), config.trace_ttl),
         policy,
+        runs: redis.clone(),
         on_drift: config.on_drift,
     });
     let http = TcpListener::bind(config.http_listen).await.map_err(|e| {

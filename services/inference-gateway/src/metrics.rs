@@ -21,6 +21,8 @@ pub struct Metrics {
     pub replica_in_flight: IntGaugeVec,
     /// Generate calls that failed over away from a replica.
     pub replica_failures: IntCounterVec,
+    /// Times a turn waited because every replica was behind its run's weights.
+    pub behind_waits: IntCounter,
 }
 
 pub static METRICS: LazyLock<Metrics> = LazyLock::new(|| Metrics {
@@ -49,5 +51,9 @@ pub static METRICS: LazyLock<Metrics> = LazyLock::new(|| Metrics {
         "sleuth_gateway_replica_failures_total",
         "Generate calls a replica could not serve (the turn failed over).",
         &["replica"],
+    ),
+    behind_waits: counter(
+        "sleuth_gateway_behind_waits_total",
+        "Polls of a turn waiting because every replica served weights older than its run's.",
     ),
 });

@@ -231,6 +231,7 @@ async fn complete(state: &AppState, episode: String, body: Value) -> Result<Json
             ..Default::default()
         }),
         logprobs: request.logprobs,
+        run_id: String::new(),
     };
     let response = state.handlers.turn("http", chat).await.map_err(ApiError)?;
     let message = response.message.unwrap_or_default();

@@ -9,6 +9,14 @@
 //! (its Generate is all-or-nothing), so no token is ever produced twice.
 //! A replica that is up but slower than the per-request timeout is not
 //! retried elsewhere: that would double the load exactly when it is highest.
+//!
+//! A training run's turns name the oldest weights they may be sampled with
+//! (the learner's current version). A replica on older weights (restarted on
+//! its base weights, or it missed a publication) refuses without generating;
+//! the turn goes to the next replica, and when every replica is behind it
+//! waits, within the per-request timeout, for the learner to bring one up to
+//! date: tokens from weights the run has moved past would only be dropped as
+//! stale by the learner.
 
 use sleuth_kit::client::MeshChannel;
 use sleuth_proto::policy::v1::policy_server_client::PolicyServerClient;
@@ -23,6 +31,9 @@ use tower::discover::{Change, Discover};
 
 use crate::error::Error;
 use crate::metrics::METRICS;
+
+/// How often a turn that every replica refused as behind tries again.
+const BEHIND_POLL: Duration = Duration::from_millis(250);
 
 /// A policy-server replica.
 #[derive(Clone)]
@@ -119,9 +130,41 @@ impl Replicas {
         scored.into_iter().map(|(_, replica)| replica.clone()).collect()
     }
 
-    /// Generates on the episode's replica, failing over while replicas are unreachable.
+    /// Generates on the episode's replica, failing over while replicas are
+    /// unreachable or behind `request.min_policy_version`, and waiting while
+    /// every replica is behind.
     pub async fn generate(&self, episode: &str, request: GenerateRequest) -> Result<(String, GenerateResponse), Error> {
-        let mut last = None;
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let mut waited = false;
+        loop {
+            match self.try_replicas(episode, &request).await {
+                Err(Error::Policy(status))
+                    if status.code() == Code::FailedPrecondition && tokio::time::Instant::now() < deadline =>
+                {
+                    if !waited {
+                        tracing::warn!(
+                            episode,
+                            needed = request.min_policy_version,
+                            message = status.message(),
+                            "every policy replica is behind the run's weights; waiting for the learner to update one"
+                        );
+                        waited = true;
+                    }
+                    METRICS.behind_waits.inc();
+                    tokio::time::sleep(BEHIND_POLL).await;
+                }
+                result => return result,
+            }
+        }
+    }
+
+    /// One pass over the episode's replicas in its order.
+    async fn try_replicas(
+        &self,
+        episode: &str,
+        request: &GenerateRequest,
+    ) -> Result<(String, GenerateResponse), Error> {
+        let (mut last, mut behind) = (None, None);
         for replica in self.order(episode) {
             let in_flight = METRICS.replica_in_flight.with_label_values(&[replica.address.as_str()]);
             in_flight.inc();
@@ -139,6 +182,8 @@ impl Replicas {
                     METRICS.replica_failures.with_label_values(&[replica.address.as_str()]).inc();
                     last = Some(status);
                 }
+                // Behind the run's weights: nothing generated; another replica may be current.
+                Ok(Err(status)) if status.code() == Code::FailedPrecondition => behind = Some(status),
                 Ok(Err(status)) => return Err(Error::Policy(status)),
                 Err(_) => {
                     return Err(Error::Policy(tonic::Status::deadline_exceeded(format!(
@@ -149,7 +194,8 @@ impl Replicas {
                 }
             }
         }
-        Err(Error::Policy(last.unwrap_or_else(|| tonic::Status::unavailable("no policy replica"))))
+        // A replica behind the run's weights will be brought up to date: worth waiting for.
+        Err(Error::Policy(behind.or(last).unwrap_or_else(|| tonic::Status::unavailable("no policy replica"))))
     }
 }
 

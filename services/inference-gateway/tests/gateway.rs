@@ -289,6 +289,68 @@ async fn episodes_stick_to_a_replica_and_fail_over_when_it_dies() -> Result<()> 
     Ok(())
 }
 
+/// A training run's turns are sampled by weights no older than the run's
+/// learner version: a replica behind it (restarted on its base weights)
+/// holds the turn until it is brought up to date, generating nothing before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runs_turns_wait_for_a_replica_serving_its_version() -> Result<()> {
+    use sleuth_proto::policy::v1 as policy;
+    let model = sleuth_testkit::smollm2()?;
+    let model = model.to_str().context("utf-8 path")?.to_owned();
+    let redis = sleuth_testkit::redis()?;
+    let redis_url = sleuth_testkit::redis_url(&redis);
+    let (policy_addr, _policy) = start!(
+        policy_server,
+        ["policy-server", "--listen", "127.0.0.1:0", "--device", "cpu", "--dtype", "f32", "--model", &model]
+    );
+    let (gateway_addr, _gateway) =
+        start!(inference_gateway, gateway_args(&model, &redis_url, &policy_addr, "127.0.0.1:0", &[]));
+    serving(&gateway_addr, "sleuth.inference.v1.InferenceGateway").await?;
+    let mut gateway = InferenceGatewayClient::new(connect(&gateway_addr, None, Duration::from_secs(5)).await?);
+    let store = sleuth_store::RedisStore::open(&redis_url)?;
+    sleuth_store::trajectories::set_learner_version(&store, "run-w", 1).await?;
+
+    // Outside a run any weights serve.
+    let messages = vec![user("What is the capital of France?")];
+    assert_eq!(gateway.chat(chat("free", &messages)).await?.into_inner().policy_version, 0);
+
+    let turn = pb::ChatRequest { run_id: "run-w".into(), ..chat("w-1", &messages) };
+    let waiting = tokio::spawn({
+        let mut gateway = gateway.clone();
+        async move { gateway.chat(turn).await }
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(!waiting.is_finished(), "the replica on version 0 must not serve a turn of a run at version 1");
+    let norm: Vec<u8> = [1.0f32; 576].iter().flat_map(|v| v.to_le_bytes()).collect();
+    let update = [
+        policy::UpdateWeightsRequest {
+            part: Some(policy::update_weights_request::Part::Header(policy::WeightsHeader {
+                version: 1,
+                tensor_count: 1,
+                checkpoint_uri: String::new(),
+            })),
+        },
+        policy::UpdateWeightsRequest {
+            part: Some(policy::update_weights_request::Part::Tensor(policy::TensorChunk {
+                name: "model.norm.weight".into(),
+                dtype: policy::DType::DtypeF32 as i32,
+                shape: vec![576],
+                byte_offset: 0,
+                data: norm,
+            })),
+        },
+    ];
+    policy::policy_server_client::PolicyServerClient::new(connect(&policy_addr, None, Duration::from_secs(5)).await?)
+        .update_weights(tokio_stream::iter(update))
+        .await?;
+    let reply = waiting.await??.into_inner();
+    assert_eq!(reply.policy_version, 1);
+    let trace = gateway.get_trace(pb::GetTraceRequest { episode_id: "w-1".into() }).await?.into_inner();
+    let sampled = trace.segments.iter().filter(|s| s.kind == SegmentKind::Policy as i32);
+    assert!(sampled.clone().count() == 1 && sampled.clone().all(|s| s.policy_version == 1), "{trace:?}");
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_official_openai_client_runs_a_tool_calling_round_trip() -> Result<()> {
     let model = sleuth_testkit::smollm2()?;

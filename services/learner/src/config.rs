@@ -48,6 +48,12 @@ pub struct Config {
     #[command(flatten)]
     pub redis: RedisArgs,
 
+    /// How long the learner rides out Redis being unreachable (a restart, a
+    /// failover) before it stops with an error; it resumes from its last
+    /// checkpoint when started again.
+    #[arg(long, env = "SLEUTH_FAULT_PATIENCE", default_value = "2m", value_parser = humantime::parse_duration)]
+    pub fault_patience: std::time::Duration,
+
     #[command(flatten)]
     pub database: DatabaseArgs,
 

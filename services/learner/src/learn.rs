@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use prost::Message;
 use sleuth_proto::common::v1::TrajectoryGroup;
 use sleuth_store::trajectories::{self, Entry, EntryId, GroupConsumer};
-use sleuth_store::{Database, ObjectStore, RedisStore};
+use sleuth_store::{Database, ObjectStore, RedisStore, patiently};
 
 use crate::Error;
 use crate::advantage::Estimator;
@@ -101,7 +101,10 @@ pub(crate) async fn blocking<T: Send + 'static>(
 
 /// Everything rank 0 talks to.
 pub struct Sources {
+    /// The run's stream and the learner's announcements (version, groups taken).
     pub redis: RedisStore,
+    /// How long Redis may be unreachable before the learner stops with an error.
+    pub patience: std::time::Duration,
     pub checkpoints: ObjectStore,
     pub database: Database,
     pub publisher: Publisher,
@@ -146,19 +149,28 @@ pub async fn lead(
     crate::records::migrate(&sources.database).await?;
     // Steps after the checkpoint are trained again from the replayed entries.
     crate::records::forget_after(&sources.database, &plan.run_id, meta.step).await?;
-    let consumer = GroupConsumer::open(sources.redis.clone(), &plan.run_id, "learner-0").await?;
+    let patience = sources.patience;
+    let consumer = patiently("joining the run's stream", patience, || {
+        GroupConsumer::open(sources.redis.clone(), &plan.run_id, "learner-0")
+    })
+    .await?;
     let checkpointed_at_start = meta.step;
     let position: EntryId = meta.stream_position.parse().unwrap_or_default();
     let (done, mut replay): (Vec<Entry>, Vec<Entry>) =
-        consumer.reclaim_pending().await?.into_iter().partition(|e| e.id <= position);
+        patiently("reclaiming pending entries", patience, || consumer.reclaim_pending())
+            .await?
+            .into_iter()
+            .partition(|e| e.id <= position);
     // Already inside the checkpoint: acknowledge, never retrain.
-    consumer.commit(&done.iter().map(|e| e.id).collect::<Vec<_>>()).await?;
+    let done: Vec<EntryId> = done.iter().map(|e| e.id).collect();
+    patiently("acknowledging checkpointed entries", patience, || consumer.commit(&done)).await?;
     replay.sort_by_key(|e| e.id);
     let mut queue: VecDeque<Entry> = replay.into();
     tracing::info!(step = meta.step, replay = queue.len(), "learner leading");
     let mut uncommitted: Vec<EntryId> = queue.iter().map(|e| e.id).collect();
+    trainer = crate::publish::roll_past_lost_versions(trainer, &sources, &plan.run_id, &mut meta).await?;
     progress.lock().expect("progress").meta = meta.clone();
-    trajectories::set_groups_taken(&sources.redis, &plan.run_id, meta.groups_taken()).await?;
+    announce(&sources, &plan.run_id, meta.step, meta.groups_taken()).await?;
     let mut last_reconcile = std::time::Instant::now();
     let mut run_over = false;
 
@@ -173,7 +185,7 @@ pub async fn lead(
             let entry = match queue.pop_front() {
                 Some(entry) => entry,
                 None => {
-                    let fresh = consumer.read_new(plan.global_batch_size).await?;
+                    let fresh = read_fresh(&consumer, plan.global_batch_size, &uncommitted, patience).await?;
                     if fresh.is_empty() {
                         if last_reconcile.elapsed() >= RECONCILE {
                             trainer = crate::publish::reconcile(trainer, &sources, meta.step).await?;
@@ -210,7 +222,10 @@ pub async fn lead(
             // weights are out (below): a group started earlier would sample
             // the weights this step replaces and be stale when it is taken.
             let taken = meta.groups_taken() + tally.groups() - tally.trained();
-            trajectories::set_groups_taken(&sources.redis, &plan.run_id, taken).await?;
+            patiently("announcing the groups taken", patience, || {
+                trajectories::set_groups_taken(&sources.redis, &plan.run_id, taken)
+            })
+            .await?;
         }
         if tally.trained() < plan.global_batch_size as u64 && !run_over {
             break; // shutting down: the partial step's entries stay pending and are replayed
@@ -225,7 +240,7 @@ pub async fn lead(
                 let taken = tally.apply(&mut meta);
                 crate::records::record_groups(&sources.database, &plan.run_id, &taken).await?;
                 trainer = save_checkpoint(trainer, &sources, &meta).await?;
-                commit_trained(&consumer, &mut uncommitted, &meta).await?;
+                commit_trained(&consumer, &mut uncommitted, &meta, patience).await?;
                 let mut p = progress.lock().expect("progress");
                 p.meta = meta.clone();
                 p.last_checkpoint_step = meta.step;
@@ -245,8 +260,12 @@ pub async fn lead(
         })
         .await?;
         trainer = t;
-        let stats = stats?;
-        meta.step = stats.step;
+        let mut stats = stats?;
+        // The run's step number is the version its weights are published as.
+        // It runs ahead of the optimizer's own count once a crash lost
+        // published versions (see `roll_past_lost_versions`).
+        meta.step += 1;
+        stats.step = meta.step;
         let taken = tally.apply(&mut meta);
         let (publishing, step) = (!sources.publisher.is_empty(), stats.step);
         let (t, update) =
@@ -254,8 +273,7 @@ pub async fn lead(
                 .await?;
         trainer = t;
         let published = crate::publish::publish_step(update, &sources, stats.step).await;
-        trajectories::set_learner_version(&sources.redis, &plan.run_id, stats.step).await?;
-        trajectories::set_groups_taken(&sources.redis, &plan.run_id, meta.groups_taken()).await?;
+        announce(&sources, &plan.run_id, stats.step, meta.groups_taken()).await?;
         let extra = serde_json::json!({
             "groups": groups,
             "groups_dropped_stale": meta.groups_dropped_stale,
@@ -280,7 +298,7 @@ pub async fn lead(
         let last = run_over || (plan.max_steps != 0 && meta.step >= plan.max_steps);
         if meta.step % plan.checkpoint_every.max(1) == 0 || last {
             trainer = save_checkpoint(trainer, &sources, &meta).await?;
-            commit_trained(&consumer, &mut uncommitted, &meta).await?;
+            commit_trained(&consumer, &mut uncommitted, &meta, patience).await?;
             progress.lock().expect("progress").last_checkpoint_step = meta.step;
         }
         if run_over {
@@ -290,7 +308,7 @@ pub async fn lead(
     // Stopped early: keep the steps trained since the last checkpoint.
     if meta.step > progress.lock().expect("progress").last_checkpoint_step.max(checkpointed_at_start) {
         trainer = save_checkpoint(trainer, &sources, &meta).await?;
-        commit_trained(&consumer, &mut uncommitted, &meta).await?;
+        commit_trained(&consumer, &mut uncommitted, &meta, patience).await?;
         progress.lock().expect("progress").last_checkpoint_step = meta.step;
     }
     let (_trainer, stopped) = blocking(trainer, |t| t.collective.broadcast(Command::Stop.encode())).await?;
@@ -337,13 +355,54 @@ impl Tally {
     }
 }
 
+/// Tells the orchestrator (through Redis) the version now served and how
+/// many groups the learner is done with: its staleness window moves on.
+async fn announce(sources: &Sources, run_id: &str, version: u64, taken: u64) -> Result<(), Error> {
+    patiently("announcing the learner's version", sources.patience, || {
+        trajectories::set_learner_version(&sources.redis, run_id, version)
+    })
+    .await?;
+    patiently("announcing the groups taken", sources.patience, || {
+        trajectories::set_groups_taken(&sources.redis, run_id, taken)
+    })
+    .await?;
+    Ok(())
+}
+
+/// Up to `count` new entries for this consumer. A read whose reply was lost
+/// (Redis went away mid-answer) still delivered its entries to us, pending:
+/// after a failed read the pending entries not in `known` are taken instead,
+/// or they would wait for the next restart.
+async fn read_fresh(
+    consumer: &GroupConsumer,
+    count: usize,
+    known: &[EntryId],
+    patience: std::time::Duration,
+) -> Result<Vec<Entry>, Error> {
+    match consumer.read_new(count).await {
+        Ok(fresh) => Ok(fresh),
+        Err(error) => {
+            tracing::warn!(%error, "reading the run's stream failed; taking what was delivered");
+            let mut pending = patiently("reclaiming pending entries", patience, || consumer.reclaim_pending()).await?;
+            pending.retain(|e| !known.contains(&e.id));
+            pending.sort_by_key(|e| e.id);
+            Ok(pending)
+        }
+    }
+}
+
 /// Acknowledges the entries inside the checkpoint `meta` describes (those up
 /// to its stream position) and keeps read-ahead ones, which no step has
 /// trained yet: acknowledging those would lose them in a crash.
-async fn commit_trained(consumer: &GroupConsumer, uncommitted: &mut Vec<EntryId>, meta: &Meta) -> Result<(), Error> {
+async fn commit_trained(
+    consumer: &GroupConsumer,
+    uncommitted: &mut Vec<EntryId>,
+    meta: &Meta,
+    patience: std::time::Duration,
+) -> Result<(), Error> {
     let Ok(position) = meta.stream_position.parse::<EntryId>() else { return Ok(()) };
     let (trained, ahead): (Vec<EntryId>, Vec<EntryId>) = uncommitted.iter().partition(|id| **id <= position);
-    consumer.commit(&trained).await?;
+    patiently("acknowledging trained entries", patience, || consumer.commit(&trained)).await?;
     *uncommitted = ahead;
     Ok(())
 }
@@ -423,7 +482,7 @@ fn take_group(entry: &Entry, plan: &Plan, version: u64) -> (Vec<Sample>, GroupRe
 }
 
 /// Every rank's shard, the merged HF export, then the seal.
-async fn save_checkpoint(trainer: Trainer, sources: &Sources, meta: &Meta) -> Result<Trainer, Error> {
+pub(crate) async fn save_checkpoint(trainer: Trainer, sources: &Sources, meta: &Meta) -> Result<Trainer, Error> {
     let step = meta.step;
     let (t, told) = blocking(trainer, move |t| t.collective.broadcast(Command::Checkpoint(step).encode())).await?;
     told?;

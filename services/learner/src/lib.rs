@@ -255,6 +255,7 @@ pub async fn run(
         };
         let sources = Sources {
             redis: redis.clone(),
+            patience: config.fault_patience,
             checkpoints: checkpoints.clone(),
             database: database.clone(),
             publisher: publish::Publisher::new(&config.policy_servers, token.as_ref())?,

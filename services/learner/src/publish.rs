@@ -111,6 +111,15 @@ impl Publisher {
         behind
     }
 
+    /// The newest version any server reports serving (0 when none answers).
+    pub async fn newest_served(&self) -> u64 {
+        let calls = self.servers.iter().map(|(_, client)| {
+            let mut client = client.clone();
+            async move { client.get_model_info(GetModelInfoRequest {}).await.map(|info| info.get_ref().policy_version) }
+        });
+        futures::future::join_all(calls).await.into_iter().filter_map(Result::ok).max().unwrap_or(0)
+    }
+
     /// Sends `requests` to every server concurrently.
     pub async fn publish(&self, requests: Vec<UpdateWeightsRequest>) -> Published {
         self.publish_to(&(0..self.servers.len()).collect::<Vec<_>>(), requests).await
@@ -159,6 +168,51 @@ pub(crate) async fn reconcile(trainer: Trainer, sources: &Sources, step: u64) ->
         failures = published.failures.len(),
         "weights republished"
     );
+    Ok(trainer)
+}
+
+/// After a crash, the versions published after the checkpoint the learner
+/// resumed from are lost: their weights died with the process, yet episodes
+/// sampled by them carry their numbers. Reusing a number would label those
+/// tokens as sampled by different weights, so the resumed run skips past
+/// every version the run's stream key or any policy server has seen (a
+/// server left from an earlier run counts too, or it would refuse this run's
+/// versions) and publishes the checkpoint's weights again as the next one,
+/// sealed as a checkpoint of that step with no groups. Groups sampled by the
+/// lost weights are then at least one version old and dropped as stale
+/// beyond `max_staleness`.
+pub(crate) async fn roll_past_lost_versions(
+    trainer: Trainer,
+    sources: &Sources,
+    run_id: &str,
+    meta: &mut crate::checkpoint::Meta,
+) -> Result<Trainer, Error> {
+    let announced = sleuth_store::patiently("reading the announced version", sources.patience, || {
+        sleuth_store::trajectories::learner_version(&sources.redis, run_id)
+    })
+    .await?;
+    let newest = announced.max(sources.publisher.newest_served().await);
+    if newest <= meta.step {
+        return Ok(trainer);
+    }
+    let (checkpoint, version) = (meta.step, newest + 1);
+    tracing::warn!(
+        checkpoint,
+        lost = ?(checkpoint + 1..=newest),
+        version,
+        "versions published after the checkpoint were lost; publishing the checkpoint's weights as a new version"
+    );
+    meta.step = version;
+    let trainer = crate::learn::save_checkpoint(trainer, sources, meta).await?;
+    let stats = crate::trainer::StepStats { step: version, ..Default::default() };
+    let extra =
+        serde_json::json!({ "groups": 0, "rolled_back_to": checkpoint, "lost_versions": [checkpoint + 1, newest] });
+    crate::records::record(&sources.database, run_id, &stats, &extra).await?;
+    let publishing = !sources.publisher.is_empty();
+    let (trainer, requests) =
+        crate::learn::blocking(trainer, move |t| publishing.then(|| update_requests(version, &t.named_tensors())))
+            .await?;
+    publish_step(requests, sources, version).await;
     Ok(trainer)
 }
 

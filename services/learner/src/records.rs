@@ -54,6 +54,8 @@ pub enum Disposition {
 }
 
 impl Disposition {
+    const ALL: [Disposition; 4] = [Disposition::Trained, Disposition::Stale, Disposition::Flat, Disposition::Rejected];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Disposition::Trained => "trained",
@@ -61,6 +63,15 @@ impl Disposition {
             Disposition::Flat => "flat",
             Disposition::Rejected => "rejected",
         }
+    }
+}
+
+impl std::str::FromStr for Disposition {
+    type Err = String;
+
+    /// The disposition [`Disposition::as_str`] wrote; anything else is an error.
+    fn from_str(text: &str) -> Result<Self, String> {
+        Self::ALL.into_iter().find(|d| d.as_str() == text).ok_or_else(|| format!("unknown disposition {text:?}"))
     }
 }
 
@@ -120,12 +131,8 @@ pub async fn groups(database: &Database, run_id: &str) -> Result<Vec<GroupRecord
         .map(|row| {
             let text = |name: &str| row.try_get::<String, _>(name).map_err(|e| failed(database, e));
             let number = |name: &str| row.try_get::<i64, _>(name).map_err(|e| failed(database, e));
-            let disposition = match text("disposition")?.as_str() {
-                "trained" => Disposition::Trained,
-                "stale" => Disposition::Stale,
-                "flat" => Disposition::Flat,
-                _ => Disposition::Rejected,
-            };
+            let disposition: Disposition =
+                text("disposition")?.parse().map_err(|e: String| failed(database, sqlx::Error::Decode(e.into())))?;
             Ok(GroupRecord {
                 entry_id: text("entry_id")?,
                 group_id: text("group_id")?,

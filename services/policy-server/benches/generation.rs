@@ -45,6 +45,7 @@ fn job(session: &str, prompt: Vec<i64>, max_new_tokens: usize) -> Job {
         max_new_tokens,
         stop_tokens: Vec::new(),
         stop_strings: None,
+        min_version: 0,
     }
 }
 

@@ -35,6 +35,9 @@ pub struct Job {
     pub max_new_tokens: usize,
     pub stop_tokens: Vec<u32>,
     pub stop_strings: Option<StopStrings>,
+    /// The oldest weights version that may sample this job (a training run's
+    /// current version); refused with [`Error::Behind`] while older ones are served.
+    pub min_version: u64,
 }
 
 /// Why a generation ended.
@@ -324,7 +327,9 @@ impl Scheduler {
     fn handle(&mut self, command: Command, batch: &mut BatchCache) {
         match command {
             Command::Generate { job, events } => {
-                if self.waiting.len() >= self.limits.max_queue {
+                if job.min_version > self.facts.version {
+                    let _ = events.send(Err(Error::Behind { served: self.facts.version, needed: job.min_version }));
+                } else if self.waiting.len() >= self.limits.max_queue {
                     METRICS.refused_requests.inc();
                     let _ = events.send(Err(Error::Overloaded(format!(
                         "{} requests are already waiting for the batch",

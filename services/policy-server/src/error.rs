@@ -9,6 +9,9 @@ pub enum Error {
     InvalidArgument(String),
     #[error("weights version {offered} is not newer than the served version {served}")]
     StaleVersion { offered: u64, served: u64 },
+    /// The request needs newer weights than those served (see `GenerateRequest.min_policy_version`).
+    #[error("serves policy version {served}; the request needs at least version {needed}")]
+    Behind { served: u64, needed: u64 },
     #[error("overloaded: {0}")]
     Overloaded(String),
     #[error("{0}")]
@@ -25,7 +28,7 @@ impl ServiceError for Error {
     fn kind(&self) -> ErrorKind {
         match self {
             Error::InvalidArgument(_) => ErrorKind::InvalidArgument,
-            Error::StaleVersion { .. } => ErrorKind::FailedPrecondition,
+            Error::StaleVersion { .. } | Error::Behind { .. } => ErrorKind::FailedPrecondition,
             Error::Overloaded(_) => ErrorKind::ResourceExhausted { retry_after: std::time::Duration::from_millis(500) },
             Error::Internal(_) => ErrorKind::Internal,
             Error::Model(sleuth_model::ModelError::Config { .. } | sleuth_model::ModelError::Weights(_)) => {

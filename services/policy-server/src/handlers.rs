@@ -100,6 +100,7 @@ impl Handlers {
             max_new_tokens,
             stop_tokens: params.stop_token_ids.clone(),
             stop_strings,
+            min_version: request.min_policy_version,
         };
         Ok((job, request.return_model_logprobs))
     }

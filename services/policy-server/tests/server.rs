@@ -85,6 +85,7 @@ fn request(prompt: &[u32], temperature: f32, seed: u64, max_new_tokens: u32) -> 
             ..Default::default()
         }),
         return_model_logprobs: true,
+        min_policy_version: 0,
     }
 }
 
@@ -214,6 +215,12 @@ async fn weight_updates_are_validated_versioned_and_swap_between_tokens() -> Res
         .await;
     assert!(shape.unwrap_err().message().contains("[2, 288]"));
 
+    // A training run's turn needing version 1 is refused by weights of version 0, generating nothing.
+    let needs_v1 = pb::GenerateRequest { min_policy_version: 1, ..request(&PROMPT, 0.0, 0, 4) };
+    let behind = policy.generate(needs_v1.clone()).await.unwrap_err();
+    assert_eq!(behind.code(), Code::FailedPrecondition, "{behind:?}");
+    assert!(behind.message().contains("serves policy version 0; the request needs at least version 1"), "{behind:?}");
+
     // A long generation across an update: tokens before it carry version 0, after it version 1.
     let mut stream =
         client(&server).await?.generate_stream(request(&[1, 504, 3575, 282], 1.0, 7, 48)).await?.into_inner();
@@ -234,6 +241,8 @@ async fn weight_updates_are_validated_versioned_and_swap_between_tokens() -> Res
         assert_eq!(versions.last(), Some(&1), "{versions:?}");
     }
     assert_eq!(policy.get_model_info(pb::GetModelInfoRequest {}).await?.into_inner().policy_version, 1);
+    let served = policy.generate(needs_v1).await?.into_inner();
+    assert_eq!(served.policy_versions, vec![1; served.token_ids.len()], "served once up to date");
     Ok(())
 }
 

@@ -88,21 +88,11 @@ impl Runner {
     async fn durable<T, E: std::fmt::Display, F: std::future::Future<Output = Result<T, E>>>(
         &self,
         what: &str,
-        mut op: impl FnMut() -> F,
+        op: impl FnMut() -> F,
     ) -> Result<T, String> {
-        let started = std::time::Instant::now();
-        let mut delay = Duration::from_millis(100);
-        loop {
-            match op().await {
-                Ok(value) => return Ok(value),
-                Err(error) if started.elapsed() < self.patience => {
-                    tracing::warn!(%error, operation = what, retry_in = ?delay, "store unavailable; retrying");
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_secs(5));
-                }
-                Err(error) => return Err(format!("{what}: {error} (retried for {:?})", self.patience)),
-            }
-        }
+        sleuth_store::patiently(what, self.patience, op)
+            .await
+            .map_err(|error| format!("{what}: {error} (retried for {:?})", self.patience))
     }
 
     pub fn progress(&self, run_id: &str) -> Option<(RunProgress, RunStatus)> {
