@@ -140,7 +140,7 @@ pub fn imprint_cached(smollm2: &Path, replies: &[&str], tools: &[serde_json::Val
     let scratch = tempfile::Builder::new().prefix(".imprint-").tempdir_in(parent)?;
     let partial = scratch.path().join("model");
     let spec = learner::imprint::Imprint { replies, system: agent::prompt::SYSTEM_PROMPT, tools, max_steps: 400 };
-    learner::imprint::imprint(smollm2, &partial, &spec).map_err(anyhow::Error::msg)?;
+    learner::imprint::imprint(smollm2, &partial, &spec)?;
     std::fs::rename(&partial, &dir).with_context(|| format!("moving the imprinted model to {}", dir.display()))?;
     Ok(dir)
 }

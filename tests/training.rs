@@ -3,9 +3,11 @@
 //! workers (tool gateway, inference gateway, policy server behind them), a
 //! learner training on the groups from the Redis stream and publishing each
 //! step's weights back to the policy server, SQLite for both, Redis with
-//! append-only persistence. The policy is imprinted to sample one of three
-//! replies (two rankings, one malformed call), so groups differ in reward,
-//! some are flat, and malformed calls happen.
+//! append-only persistence. The policy servers start on one model (imprinted
+//! to always search); the run's spec names another (`policy.model_uri`,
+//! imprinted to sample one of three replies: two rankings, one malformed
+//! call), so groups differ in reward, some are flat, and malformed calls
+//! happen, and no token of the run may come from the servers' own model.
 //!
 //! Mid-run, one after another, each once the learner has moved on from the
 //! last: the learner is SIGKILLed with a published version not yet in a
@@ -87,8 +89,8 @@ impl Watch {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_training_run_closes_the_loop_through_faults() -> Result<()> {
     let scratch = tempfile::tempdir()?;
-    let Policies { index, mixed, .. } = policies(scratch.path()).await?;
-    let mut mesh = Mesh::persistent(&mixed, &index, 2)?;
+    let Policies { index, mixed, searcher, .. } = policies(scratch.path()).await?;
+    let mut mesh = Mesh::persistent(&searcher, &index, 2)?;
     mesh.client().await?;
     let runs_db = scratch.path().join("runs.db");
     let (mut orchestrator, mut client) = mesh.orchestrator(&runs_db).await?;
@@ -100,6 +102,7 @@ async fn a_training_run_closes_the_loop_through_faults() -> Result<()> {
     spec.agent.as_mut().context("agent")?.sampling =
         Some(SamplingParams { temperature: Some(1.0), seed: Some(11), ..Default::default() });
     spec.training = Some(rollout::TrainingSpec { learning_rate: 1e-3, checkpoint_every: 1, ..Default::default() });
+    spec.policy = Some(rollout::PolicySpec { model_uri: mixed.display().to_string() });
     let stream = StreamRecorder::start(&mesh.redis_url, RUN);
     client.create_run(rollout::CreateRunRequest { spec: Some(spec), run_id: RUN.into() }).await?;
     let mut learner = mesh.learner(RUN, scratch.path(), &orchestrator)?;
@@ -157,9 +160,8 @@ async fn a_training_run_closes_the_loop_through_faults() -> Result<()> {
     learner = mesh.learner(RUN, scratch.path(), &orchestrator)?;
     watch.step_after("the SIGTERM", long, &|| learner.log()).await?;
 
-    // 3. The policy server restarts on its base weights (version 0): no turn
-    // of the run may be sampled by them; it serves again once brought up to date.
-    let restarted_at = unix_ms();
+    // 3. The policy server restarts on its own model (version 0): no turn of
+    // the run may be sampled by it; it serves again once brought up to date.
     mesh.restart_policy()?;
     eprintln!("faults: policy server restarted at learner version {}", watch.version().await?);
     watch.step_after("the policy server restart", long, &|| mesh.policy.log()).await?;
@@ -189,25 +191,15 @@ async fn a_training_run_closes_the_loop_through_faults() -> Result<()> {
     assert_eq!(entries.len() as u64, published(&finished), "entries seen in the stream");
     let summary = account(&entries, scratch.path(), &mesh, lost).await?;
 
-    // No turn after the policy server's restart was sampled by its base weights.
-    for (id, group) in &entries {
-        let at: u64 = id.split('-').next().unwrap_or_default().parse()?;
-        if at > restarted_at {
-            let zero = group
-                .episodes
-                .iter()
-                .filter_map(|e| e.trace.as_ref())
-                .flat_map(|t| &t.segments)
-                .any(|s| s.kind == SegmentKind::Policy as i32 && s.policy_version == 0);
-            assert!(!zero, "group {} (published after the restart) was sampled by the base weights", group.group_id);
-        }
+    // No turn was sampled by the servers' own model (version 0): not before
+    // the learner published the run's start model, not after the restart.
+    for (_, group) in &entries {
+        let segments = group.episodes.iter().filter_map(|e| e.trace.as_ref()).flat_map(|t| &t.segments);
+        let zero = segments.filter(|s| s.kind == SegmentKind::Policy as i32 && s.policy_version == 0).count();
+        assert_eq!(zero, 0, "group {} was sampled by the servers' own model", group.group_id);
     }
     eprintln!("closed loop through faults: {summary}");
     Ok(())
-}
-
-fn unix_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 async fn progress(client: &mut OrchestratorClient<MeshChannel>) -> Result<rollout::RunProgress> {
@@ -232,23 +224,26 @@ async fn account(entries: &[(String, TrajectoryGroup)], data: &Path, mesh: &Mesh
     assert_eq!(records.len(), entries.len(), "records of entries not in the stream");
 
     // Steps: every recorded one trained whole batches, except the versions
-    // the crash lost (never recorded) and the one that republished the
-    // checkpoint's weights past them (no groups).
+    // the crash lost (never recorded) and those that published weights
+    // without training: the run's start model as version 1, the checkpoint's
+    // weights past the lost version.
     let steps = learner::records::steps(&database, RUN).await?;
-    let rollbacks: BTreeSet<u64> =
-        steps.iter().filter(|(_, m)| m.get("rolled_back_to").is_some()).map(|(s, _)| *s).collect();
+    let republished = |why: &str| -> BTreeSet<u64> {
+        steps.iter().filter(|(_, m)| m["republished"] == why).map(|(s, _)| *s).collect()
+    };
+    assert_eq!(republished("start model"), BTreeSet::from([1]), "{steps:?}");
+    assert_eq!(republished("lost versions"), BTreeSet::from([lost + 1]), "the lost version's number is never reused");
+    let without_groups: BTreeSet<u64> = [1, lost + 1].into();
+    let rollback = lost + 1;
     let recorded_steps: BTreeSet<u64> = steps.iter().map(|(s, _)| *s).collect();
     let last = *recorded_steps.last().context("no step recorded")?;
     assert!(last >= 8, "{last} learner steps");
-    assert_eq!(rollbacks.len(), 1, "one crash, one rollback: {steps:?}");
-    let rollback = *rollbacks.first().expect("one");
-    assert_eq!(rollback, lost + 1, "the lost version's number is never reused");
     let expected: BTreeSet<u64> = (1..=last).filter(|s| *s != lost).collect();
     assert_eq!(recorded_steps, expected, "steps recorded");
     let count = |d: Disposition| records.iter().filter(|r| r.disposition == d).count();
     let trained: BTreeSet<u64> =
         records.iter().filter(|r| r.disposition == Disposition::Trained).map(|r| r.step).collect();
-    assert_eq!(trained, &recorded_steps - &rollbacks, "every step but the rollback trained groups");
+    assert_eq!(trained, &recorded_steps - &without_groups, "every step but the republished ones trained groups");
     for &step in &trained {
         let n = records.iter().filter(|r| r.disposition == Disposition::Trained && r.step == step).count() as u64;
         assert!(n == BATCH || (step == last && n < BATCH), "step {step} trained {n} groups");
@@ -286,7 +281,7 @@ async fn account(entries: &[(String, TrajectoryGroup)], data: &Path, mesh: &Mesh
         .filter(|(id, _)| recorded[id.as_str()].disposition == Disposition::Trained)
         .map(|(_, g)| g)
         .collect();
-    let checked = check_token_versions(&trained_entries, &mesh.model, &checkpoints, &recorded_steps)?;
+    let checked = check_token_versions(&trained_entries, &checkpoints, &recorded_steps)?;
     Ok(format!(
         "{} groups, {last} steps (version {lost} lost, republished as {rollback}), {} trained, {} flat, {} stale; \
          {malformed} malformed calls; {checked} sampled segments match their version's logprobs",
@@ -298,23 +293,13 @@ async fn account(entries: &[(String, TrajectoryGroup)], data: &Path, mesh: &Mesh
 }
 
 /// For every sampled segment of `groups`, the logprobs of its tokens under
-/// the weights of the version it names (the base model for 0, the learner's
-/// checkpoint export for the others) equal the ones the policy server
-/// recorded, within 1e-4; under an earlier version's weights they do not (so
+/// the weights of the version it names (the learner's checkpoint export)
+/// equal the ones the policy server recorded, within 1e-4; under an earlier version's weights they do not (so
 /// the check can tell versions apart). Returns the segments checked.
-fn check_token_versions(
-    groups: &[&TrajectoryGroup],
-    base: &Path,
-    checkpoints: &Path,
-    versions: &BTreeSet<u64>,
-) -> Result<usize> {
-    let weights = |version: u64| -> PathBuf {
-        if version == 0 { base.to_owned() } else { checkpoints.join(learner::checkpoint::step_dir(version)).join("hf") }
-    };
-    let models: BTreeMap<u64, Scorer> = std::iter::once(0)
-        .chain(versions.iter().copied())
-        .map(|v| Ok((v, Scorer::load(&weights(v))?)))
-        .collect::<Result<_>>()?;
+fn check_token_versions(groups: &[&TrajectoryGroup], checkpoints: &Path, versions: &BTreeSet<u64>) -> Result<usize> {
+    let weights = |version: u64| checkpoints.join(learner::checkpoint::step_dir(version)).join("hf");
+    let models: BTreeMap<u64, Scorer> =
+        versions.iter().map(|&v| Ok((v, Scorer::load(&weights(v))?))).collect::<Result<_>>()?;
     let (mut checked, mut told_apart) = (0, 0);
     for episode in groups.iter().flat_map(|g| &g.episodes) {
         let Some(trace) = &episode.trace else { continue };

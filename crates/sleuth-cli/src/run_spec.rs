@@ -2,9 +2,10 @@
 //! fields as `sleuth.rollout.v1.RunSpec`, snake_case; an unknown or
 //! misspelled field is an error naming it, never silently ignored. `split`
 //! is required (there is no default split to train on by accident). The
-//! learner takes `global_batch_size`, `max_staleness` and `training` from the
-//! spec; `policy.model_uri`, `validation` and `training.eval_every` parse, but
-//! the orchestrator refuses them until something acts on them.
+//! learner takes `global_batch_size`, `max_staleness`, `training` and the
+//! start model (`policy.model_uri`, e.g. an SFT export) from the spec;
+//! `validation` and `training.eval_every` parse, but the orchestrator refuses
+//! them until something acts on them.
 //!
 //! ```yaml
 //! name: scifact-grpo
@@ -60,6 +61,8 @@ fn one() -> u32 {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Policy {
+    /// The model the run starts from: an HF directory (absolute path) or
+    /// s3:// prefix with the served model's architecture and tokenizer.
     model_uri: String,
 }
 

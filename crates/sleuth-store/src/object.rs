@@ -271,6 +271,27 @@ fn check_key(key: &str) -> Result<(), StoreError> {
     }
 }
 
+/// Copies the top-level files of the HF model directory at `uri`
+/// (`s3://bucket/prefix` or a local path: weights, config, tokenizer) into
+/// `dir`, so it loads like a local one. A store without `.safetensors`
+/// files is an error naming it.
+pub async fn fetch_model_dir(uri: &str, s3: &S3Args, dir: &Path) -> Result<(), StoreError> {
+    let store = ObjectStore::open(uri, s3)?;
+    let keys = store.list("").await?;
+    let files: Vec<&String> = keys.iter().filter(|k| !k.contains('/')).collect();
+    if !files.iter().any(|k| k.ends_with(".safetensors")) {
+        return Err(StoreError::Object { store: store.uri(), message: "holds no .safetensors files".to_owned() });
+    }
+    for key in files {
+        let bytes = store.get(key).await?;
+        tokio::fs::write(dir.join(key), bytes).await.map_err(|error| StoreError::Object {
+            store: dir.display().to_string(),
+            message: format!("writing {key}: {error}"),
+        })?;
+    }
+    Ok(())
+}
+
 fn list_local(root: &Path, prefix: &str) -> std::io::Result<Vec<String>> {
     let mut keys = Vec::new();
     let mut pending = vec![root.to_path_buf()];

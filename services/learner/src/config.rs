@@ -127,6 +127,13 @@ pub struct Config {
     #[command(flatten)]
     pub s3: S3Args,
 
+    /// The run's start model (the spec's `policy.model_uri`: a directory or
+    /// s3:// prefix), never a flag: the learner starts from it instead of
+    /// `model` and publishes it as the run's first version, so no episode
+    /// of the run is sampled by the model the policy servers started with.
+    #[arg(skip)]
+    pub start_model_uri: Option<String>,
+
     /// Stop after this many steps; 0 = train until shut down.
     #[arg(long, env = "SLEUTH_MAX_STEPS", default_value_t = 0)]
     pub max_steps: u64,

@@ -14,6 +14,7 @@ use tch::Device;
 use tch::nn::VarStore;
 use tokenizers::Tokenizer;
 
+use crate::Error;
 use crate::batch::Sample;
 use crate::collective::Single;
 use crate::loss::Aggregation;
@@ -142,17 +143,18 @@ pub struct Imprint<'a> {
 /// one of the replies), then ends its turn. Trains on fresh random
 /// conversations until unseen ones get the replies as [`Imprint::replies`]
 /// says (an error after `max_steps`); returns the final loss.
-pub fn imprint(tokenizer_dir: &Path, out: &Path, spec: &Imprint) -> Result<f64, String> {
+pub fn imprint(tokenizer_dir: &Path, out: &Path, spec: &Imprint) -> Result<f64, Error> {
     let replies = spec.replies;
     if replies.is_empty() {
-        return Err("imprint: no reply to imprint".into());
+        return Err(Error::InvalidArgument("imprint: no reply to imprint".into()));
     }
-    let fail = |e: &dyn std::fmt::Display| e.to_string();
+    let fail = |e: &dyn std::fmt::Display| Error::Train(format!("imprint: {e}"));
     let template = ChatTemplate::from_dir(tokenizer_dir).map_err(|e| fail(&e))?;
     let tokenizer = Tokenizer::from_file(tokenizer_dir.join("tokenizer.json")).map_err(|e| fail(&e))?;
-    let end_of_turn =
-        tokenizer.token_to_id(&template.eos_token).ok_or("the template's eos token is not in the vocabulary")?;
-    let encode = |text: &str| -> Result<Vec<i64>, String> {
+    let end_of_turn = tokenizer
+        .token_to_id(&template.eos_token)
+        .ok_or_else(|| fail(&"the template's eos token is not in the vocabulary"))?;
+    let encode = |text: &str| -> Result<Vec<i64>, Error> {
         Ok(tokenizer.encode(text, false).map_err(|e| fail(&e))?.get_ids().iter().map(|&t| i64::from(t)).collect())
     };
     // A conversation of a shape the agent produces: a question, maybe an
@@ -161,7 +163,7 @@ pub fn imprint(tokenizer_dir: &Path, out: &Path, spec: &Imprint) -> Result<f64, 
     // learns the only thing they share: the reply after the assistant opening.
     // Conversation i ends with reply i mod n, so a mixture's replies are
     // equally frequent and none depends on the content.
-    let conversation = |seed: &mut u64, i: usize| -> Result<(Sample, Vec<i64>, Vec<i64>), String> {
+    let conversation = |seed: &mut u64, i: usize| -> Result<(Sample, Vec<i64>, Vec<i64>), Error> {
         let reply = replies[i % replies.len()];
         let mut messages = vec![
             serde_json::json!({"role": "system", "content": spec.system}),
@@ -175,9 +177,14 @@ pub fn imprint(tokenizer_dir: &Path, out: &Path, spec: &Imprint) -> Result<f64, 
         let prompt = encode(&template.render(&messages, spec.tools, true).map_err(|e| fail(&e))?)?;
         messages.push(serde_json::json!({"role": "assistant", "content": reply}));
         let full = encode(&template.render(&messages, spec.tools, false).map_err(|e| fail(&e))?)?;
-        let end = full.iter().rposition(|&t| t == i64::from(end_of_turn)).ok_or("rendered reply has no end of turn")?;
+        let end = full
+            .iter()
+            .rposition(|&t| t == i64::from(end_of_turn))
+            .ok_or_else(|| fail(&"rendered reply has no end of turn"))?;
         if !full.starts_with(&prompt) || end < prompt.len() {
-            return Err("the chat template does not extend the prompt with the reply".into());
+            return Err(Error::InvalidArgument(
+                "imprint: the chat template does not extend the prompt with the reply".into(),
+            ));
         }
         let tokens = full[..=end].to_vec();
         let mask = (0..tokens.len()).map(|j| if j >= prompt.len() { 1.0 } else { 0.0 }).collect();
@@ -210,7 +217,7 @@ pub fn imprint(tokenizer_dir: &Path, out: &Path, spec: &Imprint) -> Result<f64, 
     // A mixture's stop criterion: each reply's probability (teacher-forced,
     // the product of its tokens') is at least 1/(2n) on unseen conversations.
     let floor = 1.0 / (2.0 * replies.len() as f64);
-    let replies_exactly = |trainer: &Trainer, seed: &mut u64| -> Result<Option<String>, String> {
+    let replies_exactly = |trainer: &Trainer, seed: &mut u64| -> Result<Option<String>, Error> {
         for i in 0..16 {
             let (_, prompt, expected) = conversation(seed, i)?;
             let sequence = [prompt.as_slice(), &expected[..expected.len() - 1]].concat();
@@ -260,5 +267,8 @@ pub fn imprint(tokenizer_dir: &Path, out: &Path, spec: &Imprint) -> Result<f64, 
             }
         }
     }
-    Err(format!("after {} steps (loss {loss:.4}) an unseen conversation still gets {last_miss:?}", spec.max_steps))
+    Err(Error::Train(format!(
+        "imprint: after {} steps (loss {loss:.4}) an unseen conversation still gets {last_miss:?}",
+        spec.max_steps
+    )))
 }

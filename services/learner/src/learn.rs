@@ -72,6 +72,9 @@ pub struct Plan {
     pub checkpoint_every: u64,
     /// Stop after this many steps (0 = run until shut down).
     pub max_steps: u64,
+    /// The spec's start model, published as the run's first version (see
+    /// [`crate::publish::republish`]); `None`: the servers' own model is version 0.
+    pub start_model_uri: Option<String>,
 }
 
 /// The learner's progress, served by `GetStatus`.
@@ -168,7 +171,7 @@ pub async fn lead(
     let mut queue: VecDeque<Entry> = replay.into();
     tracing::info!(step = meta.step, replay = queue.len(), "learner leading");
     let mut uncommitted: Vec<EntryId> = queue.iter().map(|e| e.id).collect();
-    trainer = crate::publish::roll_past_lost_versions(trainer, &sources, &plan.run_id, &mut meta).await?;
+    trainer = crate::publish::republish(trainer, &sources, &plan, &mut meta).await?;
     progress.lock().expect("progress").meta = meta.clone();
     announce(&sources, &plan.run_id, meta.step, meta.groups_taken()).await?;
     let mut last_reconcile = std::time::Instant::now();
@@ -263,7 +266,7 @@ pub async fn lead(
         let mut stats = stats?;
         // The run's step number is the version its weights are published as.
         // It runs ahead of the optimizer's own count once a crash lost
-        // published versions (see `roll_past_lost_versions`).
+        // published versions (see `publish::republish`).
         meta.step += 1;
         stats.step = meta.step;
         let taken = tally.apply(&mut meta);

@@ -193,6 +193,26 @@ fn load_trainer(config: &Config, device: tch::Device, collective: Box<dyn Collec
     Ok(Trainer::new(vars, model, reference, trainer_config, collective))
 }
 
+/// The local directory of the start model at `uri`: the path itself, or a
+/// scratch copy of an `s3://` prefix (returned too, so it outlives its use).
+async fn start_model_dir(
+    uri: &str,
+    s3: &sleuth_store::S3Args,
+) -> Result<(std::path::PathBuf, Option<tempfile::TempDir>), Error> {
+    let invalid = |message: String| Error::InvalidArgument(format!("spec.policy.model_uri {uri:?}: {message}"));
+    if !uri.starts_with("s3://") {
+        let dir = std::path::PathBuf::from(uri.strip_prefix("file://").unwrap_or(uri));
+        if !dir.join("config.json").is_file() {
+            return Err(invalid("no config.json there (an HF model directory is expected)".into()));
+        }
+        return Ok((dir, None));
+    }
+    let scratch = tempfile::tempdir().map_err(|e| Error::Train(format!("scratch directory: {e}")))?;
+    tracing::info!(uri, "fetching the run's start model");
+    sleuth_store::object::fetch_model_dir(uri, s3, scratch.path()).await.map_err(|e| invalid(e.to_string()))?;
+    Ok((scratch.path().to_owned(), Some(scratch)))
+}
+
 /// Serves the learner on `listener` and trains until `max_steps` or `shutdown`.
 pub async fn run(
     mut config: Config,
@@ -211,6 +231,15 @@ pub async fn run(
         };
         run_spec::apply(&mut config, &spec)?;
     }
+    // The spec's start model, fetched when it is in S3; the copy lives as long as the learner.
+    let _start_model = match config.start_model_uri.clone() {
+        Some(uri) => {
+            let (dir, fetched) = start_model_dir(&uri, &config.s3).await?;
+            config.model = Some(dir);
+            fetched
+        }
+        None => None,
+    };
     let estimator = config.advantage.parse().map_err(Error::InvalidArgument)?;
     objective(&config)?;
     let threads = config.torch_threads;
@@ -252,6 +281,7 @@ pub async fn run(
             max_staleness: config.max_staleness,
             checkpoint_every: config.checkpoint_every,
             max_steps: config.max_steps,
+            start_model_uri: config.start_model_uri.clone(),
         };
         let sources = Sources {
             redis: redis.clone(),

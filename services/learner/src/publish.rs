@@ -69,8 +69,14 @@ pub struct Publisher {
 /// How one publication went.
 #[derive(Debug, Clone, Default)]
 pub struct Published {
+    /// Servers that now serve the version.
     pub servers_updated: usize,
+    /// `address: message` of every server that did not take it.
     pub failures: Vec<String>,
+    /// Those of `failures` that refused the weights themselves (names or
+    /// shapes it does not have), which no retry mends.
+    pub refusals: Vec<String>,
+    /// How long the publication took.
     pub elapsed: Duration,
 }
 
@@ -139,7 +145,11 @@ impl Publisher {
                 Ok(_) => published.servers_updated += 1,
                 Err(status) => {
                     tracing::warn!(server = %address, code = ?status.code(), message = status.message(), "weight update failed");
-                    published.failures.push(format!("{address}: {}", status.message()));
+                    let failure = format!("{address}: {}", status.message());
+                    if status.code() == tonic::Code::InvalidArgument {
+                        published.refusals.push(failure.clone());
+                    }
+                    published.failures.push(failure);
                 }
             }
         }
@@ -171,48 +181,70 @@ pub(crate) async fn reconcile(trainer: Trainer, sources: &Sources, step: u64) ->
     Ok(trainer)
 }
 
-/// After a crash, the versions published after the checkpoint the learner
-/// resumed from are lost: their weights died with the process, yet episodes
-/// sampled by them carry their numbers. Reusing a number would label those
-/// tokens as sampled by different weights, so the resumed run skips past
-/// every version the run's stream key or any policy server has seen (a
-/// server left from an earlier run counts too, or it would refuse this run's
-/// versions) and publishes the checkpoint's weights again as the next one,
-/// sealed as a checkpoint of that step with no groups. Groups sampled by the
-/// lost weights are then at least one version old and dropped as stale
-/// beyond `max_staleness`.
-pub(crate) async fn roll_past_lost_versions(
+/// Publishes the learner's current weights as a new version before any step,
+/// when the versions the servers know would otherwise mislabel tokens:
+///
+/// - after a crash, the versions published after the checkpoint the learner
+///   resumed from are lost: their weights died with the process, yet episodes
+///   sampled by them carry their numbers. Reusing a number would label those
+///   tokens as sampled by other weights, so the resumed run skips past every
+///   version the run's announcements or any policy server has seen (a server
+///   left from an earlier run counts too, or it would refuse this run's
+///   versions) and publishes the checkpoint's weights as the next one. Groups
+///   sampled by the lost weights are then at least one version old and
+///   dropped as stale beyond `max_staleness`;
+/// - a fresh run with a start model of its own (`policy.model_uri`) publishes
+///   it as its first version: the orchestrator starts no episode before it
+///   (version 0 is the model the servers started with, not the run's).
+///
+/// The new version is sealed as a checkpoint and recorded as a step without
+/// groups whose metrics say why (`republished`).
+pub(crate) async fn republish(
     trainer: Trainer,
     sources: &Sources,
-    run_id: &str,
+    plan: &crate::learn::Plan,
     meta: &mut crate::checkpoint::Meta,
 ) -> Result<Trainer, Error> {
+    let run_id = plan.run_id.as_str();
     let announced = sleuth_store::patiently("reading the announced version", sources.patience, || {
         sleuth_store::trajectories::learner_version(&sources.redis, run_id)
     })
     .await?;
     let newest = announced.max(sources.publisher.newest_served().await);
-    if newest <= meta.step {
+    let checkpoint = meta.step;
+    let why = if newest > checkpoint {
+        tracing::warn!(
+            checkpoint,
+            lost = ?(checkpoint + 1..=newest),
+            "versions published after the checkpoint were lost; publishing the checkpoint's weights as a new version"
+        );
+        serde_json::json!({ "republished": "lost versions", "rolled_back_to": checkpoint, "lost_versions": [checkpoint + 1, newest] })
+    } else if let (0, Some(uri)) = (checkpoint, &plan.start_model_uri) {
+        tracing::info!(uri, "publishing the run's start model as its first version");
+        serde_json::json!({ "republished": "start model", "model_uri": uri })
+    } else {
         return Ok(trainer);
-    }
-    let (checkpoint, version) = (meta.step, newest + 1);
-    tracing::warn!(
-        checkpoint,
-        lost = ?(checkpoint + 1..=newest),
-        version,
-        "versions published after the checkpoint were lost; publishing the checkpoint's weights as a new version"
-    );
+    };
+    let version = newest.max(checkpoint) + 1;
     meta.step = version;
     let trainer = crate::learn::save_checkpoint(trainer, sources, meta).await?;
     let stats = crate::trainer::StepStats { step: version, ..Default::default() };
-    let extra =
-        serde_json::json!({ "groups": 0, "rolled_back_to": checkpoint, "lost_versions": [checkpoint + 1, newest] });
-    crate::records::record(&sources.database, run_id, &stats, &extra).await?;
-    let publishing = !sources.publisher.is_empty();
+    let mut metrics = why;
+    metrics["groups"] = 0.into();
+    crate::records::record(&sources.database, run_id, &stats, &metrics).await?;
+    if sources.publisher.is_empty() {
+        return Ok(trainer);
+    }
     let (trainer, requests) =
-        crate::learn::blocking(trainer, move |t| publishing.then(|| update_requests(version, &t.named_tensors())))
-            .await?;
-    publish_step(requests, sources, version).await;
+        crate::learn::blocking(trainer, move |t| update_requests(version, &t.named_tensors())).await?;
+    let published = sources.publisher.publish(requests).await;
+    if let Some(refusal) = published.refusals.first() {
+        // A server that cannot take these weights (another architecture) would hold the run's turns for good.
+        return Err(Error::InvalidArgument(format!(
+            "policy server {refusal}: the run's weights must have the served model's architecture (spec.policy.model_uri)"
+        )));
+    }
+    tracing::info!(version, servers = published.servers_updated, "weights republished");
     Ok(trainer)
 }
 

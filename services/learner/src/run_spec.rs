@@ -4,7 +4,8 @@
 //! advantage, loss, learning rate, KL, checkpoint interval). Its own
 //! configuration then keeps only infrastructure (addresses, rank, storage,
 //! device), so the orchestrator's staleness window and the learner's steps
-//! are sized by the same numbers. Setting one of those flags as well is an
+//! are sized by the same numbers. The spec's `policy.model_uri`, when set,
+//! is the model the learner starts from (see `publish::republish`). Setting one of those flags as well is an
 //! error (clap's `conflicts_with`), never a silent override.
 
 use std::time::{Duration, Instant};
@@ -110,6 +111,7 @@ pub fn apply(config: &mut Config, spec: &RunSpec) -> Result<(), Error> {
     if config.global_batch_size == 0 {
         return Err(invalid("spec.global_batch_size must be at least 1, got 0".into()));
     }
+    config.start_model_uri = spec.policy.as_ref().map(|p| p.model_uri.trim().to_owned()).filter(|u| !u.is_empty());
     tracing::info!(
         global_batch_size = config.global_batch_size,
         max_staleness = config.max_staleness,
@@ -118,6 +120,7 @@ pub fn apply(config: &mut Config, spec: &RunSpec) -> Result<(), Error> {
         learning_rate = config.learning_rate,
         kl_coef = config.kl_coef,
         checkpoint_every = config.checkpoint_every,
+        start_model = config.start_model_uri.as_deref().unwrap_or("SLEUTH_MODEL"),
         "training settings from the run's spec"
     );
     Ok(())

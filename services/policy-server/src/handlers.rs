@@ -21,24 +21,6 @@ pub struct Handlers {
     pub s3: sleuth_store::S3Args,
 }
 
-/// Copies the weight files of an `s3://` HF checkpoint (safetensors, the
-/// shard index, config) into `dir`, so it loads like a local one.
-async fn fetch_checkpoint(uri: &str, s3: &sleuth_store::S3Args, dir: &std::path::Path) -> Result<(), Error> {
-    let invalid = |message: String| Error::InvalidArgument(format!("checkpoint_uri {uri:?}: {message}"));
-    let store = sleuth_store::ObjectStore::open(uri, s3).map_err(|e| invalid(e.to_string()))?;
-    let keys = store.list("").await.map_err(|e| invalid(e.to_string()))?;
-    let files: Vec<&String> =
-        keys.iter().filter(|k| !k.contains('/') && (k.ends_with(".safetensors") || k.ends_with(".json"))).collect();
-    if !files.iter().any(|k| k.ends_with(".safetensors")) {
-        return Err(invalid("holds no .safetensors files".to_owned()));
-    }
-    for key in files {
-        let bytes = store.get(key).await.map_err(|e| invalid(e.to_string()))?;
-        tokio::fs::write(dir.join(key), bytes).await.map_err(|e| Error::Internal(format!("caching {key}: {e}")))?;
-    }
-    Ok(())
-}
-
 impl Handlers {
     fn engine(&self) -> Result<&Engine, Error> {
         match self.engine.get() {
@@ -191,7 +173,9 @@ impl PolicyServer for Handlers {
         let weights = if !header.checkpoint_uri.is_empty() {
             if header.checkpoint_uri.starts_with("s3://") {
                 let scratch = tempfile::tempdir().map_err(|e| Error::Internal(e.to_string()))?;
-                fetch_checkpoint(&header.checkpoint_uri, &self.s3, scratch.path()).await?;
+                sleuth_store::object::fetch_model_dir(&header.checkpoint_uri, &self.s3, scratch.path())
+                    .await
+                    .map_err(|e| Error::InvalidArgument(format!("checkpoint_uri {:?}: {e}", header.checkpoint_uri)))?;
                 let path = scratch.path().to_owned();
                 fetched = Some(scratch);
                 Weights::Checkpoint(path)

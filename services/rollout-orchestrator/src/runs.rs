@@ -164,6 +164,10 @@ impl Runner {
             p.groups_total = (tasks.len() * epochs) as u64;
             p.groups_published = known.len() as u64;
         });
+        // A run with a start model of its own samples nothing before the
+        // learner has published it (version 1): version 0 is whatever model
+        // the policy servers started with.
+        let first_version = u64::from(spec.policy.as_ref().is_some_and(|p| !p.model_uri.is_empty()));
         let mut groups = tokio::task::JoinSet::new();
         'outer: for epoch in 0..epochs {
             for (index, task) in tasks.iter().enumerate() {
@@ -194,7 +198,9 @@ impl Runner {
                         p.policy_version = learner;
                         p.epoch = epoch as u32;
                     });
-                    if within_window(number as u64, taken, batch as u64, u64::from(spec.max_staleness)) {
+                    if within_window(number as u64, taken, batch as u64, u64::from(spec.max_staleness))
+                        && learner >= first_version
+                    {
                         break learner;
                     }
                     tokio::select! {

@@ -6,18 +6,11 @@ use sleuth_proto::rollout::v1 as pb;
 use crate::tasks;
 
 /// Refuses the spec fields no service acts on yet, instead of accepting and
-/// ignoring them: the policy servers and the learner load the model they are
-/// configured with, and no validation runs during training, so a spec that
-/// sets these would promise what the run does not do.
+/// ignoring them: no validation runs during training, so a spec that sets
+/// these would promise what the run does not do.
 fn reject_unhonoured(spec: &pb::RunSpec) -> Result<(), String> {
     let unhonoured =
         |field: &str, why: &str| Err(format!("{field} is not supported yet: {why}; remove it from the spec"));
-    if spec.policy.as_ref().is_some_and(|p| !p.model_uri.is_empty()) {
-        return unhonoured(
-            "spec.policy.model_uri",
-            "the policy servers and the learner load the model they are configured with (SLEUTH_MODEL)",
-        );
-    }
     if spec.training.as_ref().is_some_and(|t| t.eval_every > 0) {
         return unhonoured("spec.training.eval_every", "no evaluation runs during training; run `sleuth eval`");
     }
@@ -42,6 +35,20 @@ fn validate_training(training: &pb::TrainingSpec) -> Result<(), String> {
     Ok(())
 }
 
+/// The start model's URI (checked by the learner, which reads it): an
+/// `s3://bucket/prefix` or an absolute directory path, as the learner's pod
+/// sees it (this pod may not have the file).
+fn validate_model_uri(uri: &str) -> Result<(), String> {
+    let path = uri.strip_prefix("file://").unwrap_or(uri);
+    let s3_bucket = uri.strip_prefix("s3://").map(|rest| rest.split('/').next().unwrap_or_default());
+    match s3_bucket {
+        Some("") => Err(format!("spec.policy.model_uri {uri:?} names no bucket")),
+        Some(_) => Ok(()),
+        None if std::path::Path::new(path).is_absolute() => Ok(()),
+        None => Err(format!("spec.policy.model_uri {uri:?} must be an absolute directory path or s3://bucket/prefix")),
+    }
+}
+
 /// Checks a run spec, naming the first bad field.
 pub fn validate(spec: &pb::RunSpec) -> Result<(), String> {
     if !(1..=64).contains(&spec.group_size) {
@@ -56,6 +63,9 @@ pub fn validate(spec: &pb::RunSpec) -> Result<(), String> {
     let train = spec.train.as_ref().ok_or("spec.train is required")?;
     tasks::load(train, "spec.train")?;
     reject_unhonoured(spec)?;
+    if let Some(policy) = spec.policy.as_ref().filter(|p| !p.model_uri.is_empty()) {
+        validate_model_uri(&policy.model_uri)?;
+    }
     if let Some(training) = &spec.training {
         validate_training(training)?;
     }
@@ -74,9 +84,16 @@ mod tests {
     use super::*;
 
     #[test]
+    fn start_models_are_absolute_paths_or_s3() {
+        assert_eq!(validate_model_uri("/models/sft"), Ok(()));
+        assert_eq!(validate_model_uri("file:///models/sft"), Ok(()));
+        assert_eq!(validate_model_uri("s3://bucket/runs/sft/step-00000010/hf"), Ok(()));
+        assert!(validate_model_uri("models/sft").unwrap_err().contains("absolute"));
+        assert!(validate_model_uri("s3:///x").unwrap_err().contains("no bucket"));
+    }
+
+    #[test]
     fn fields_nothing_honours_are_rejected_by_name() {
-        let policy = pb::RunSpec { policy: Some(pb::PolicySpec { model_uri: "m".into() }), ..Default::default() };
-        assert!(reject_unhonoured(&policy).unwrap_err().contains("spec.policy.model_uri"));
         let eval_every = pb::RunSpec {
             training: Some(pb::TrainingSpec { eval_every: 5, ..Default::default() }),
             ..Default::default()
