@@ -12,6 +12,8 @@
 //! naming the file and line number, or, with [`BadLines::Skip`], is counted
 //! and skipped.
 
+pub mod synth;
+
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{BufRead, BufReader};
@@ -31,6 +33,9 @@ pub enum BeirError {
     BadLine { path: PathBuf, line: u64, message: String },
     #[error("{path}: no qrels split {split:?} (available: {available})")]
     UnknownSplit { path: PathBuf, split: String, available: String },
+    /// A synthetic collection could not be made as asked.
+    #[error("synthetic collection: {0}")]
+    Synth(String),
 }
 
 /// What to do with a line that cannot be parsed.

@@ -1,6 +1,7 @@
 //! `sleuth`: the command-line client of every Sleuth gRPC API.
 
 mod ask;
+mod data;
 mod health;
 mod model;
 mod run_spec;
@@ -30,6 +31,8 @@ enum Command {
     Eval(runs::EvalArgs),
     /// Work with model files: import a GGUF into an HF directory.
     Model(model::ModelArgs),
+    /// Make collections: a seeded synthetic multi-hop BEIR collection.
+    Data(data::DataArgs),
 }
 
 #[tokio::main]
@@ -42,6 +45,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Run(args) => runs::run(args).await?,
         Command::Eval(args) => runs::eval(args).await?,
         Command::Model(args) => model::run(args).map(|()| 0)?,
+        Command::Data(args) => data::run(args).map(|()| 0)?,
     };
     if code != 0 {
         std::process::exit(code);

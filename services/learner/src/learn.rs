@@ -9,7 +9,8 @@
 //! entries up to the checkpoint's stream position are acknowledged (they are
 //! in it), the rest are reclaimed and replayed in order, so the resumed run
 //! forms the same steps from the same groups and ends where an uninterrupted
-//! run would have.
+//! run would have, unless policy servers had been sent versions the
+//! checkpoint does not hold (see [`crate::publish::republish`]).
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};

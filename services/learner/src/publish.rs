@@ -206,11 +206,16 @@ pub(crate) async fn republish(
     meta: &mut crate::checkpoint::Meta,
 ) -> Result<Trainer, Error> {
     let run_id = plan.run_id.as_str();
-    let announced = sleuth_store::patiently("reading the announced version", sources.patience, || {
-        sleuth_store::trajectories::learner_version(&sources.redis, run_id)
-    })
-    .await?;
-    let newest = announced.max(sources.publisher.newest_served().await);
+    // Without policy servers no weights were ever served: no version can be lost.
+    let newest = if sources.publisher.is_empty() {
+        0
+    } else {
+        let announced = sleuth_store::patiently("reading the announced version", sources.patience, || {
+            sleuth_store::trajectories::learner_version(&sources.redis, run_id)
+        })
+        .await?;
+        announced.max(sources.publisher.newest_served().await)
+    };
     let checkpoint = meta.step;
     let why = if newest > checkpoint {
         tracing::warn!(

@@ -1,0 +1,477 @@
+//! A seeded synthetic BEIR collection to learn multi-hop search on: a small
+//! world of companies, their founders, the towns they live in and the
+//! rivers beside those towns, with questions that need 1 to 3 searches.
+//!
+//! - **product** (1 search): "What does Velmor Works produce?" names the
+//!   company; its document answers.
+//! - **founder_craft**, **founder_town** (2 searches): the company's document
+//!   names its founder (the bridge), whose document answers.
+//! - **founder_river** (3 searches): company -> founder -> the founder's town,
+//!   whose document names the river.
+//!
+//! A multi-hop question shares no content word with its answer document
+//! (checked as the collection is made): the answer is found only through the
+//! bridge entity an earlier document names. Distractors share the
+//! questions' vocabulary: news items that name a company or a person beside
+//! another town, so BM25 on the question alone ranks them high. Qrels are
+//! graded: the answer 2, each bridge 1. A company's questions all go to one
+//! split (70 % train, 15 % validation, 15 % test), so what a policy learns
+//! about one company in training answers no test question. Names are
+//! made-up words from a seeded generator: the same seed writes the same bytes.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::path::Path;
+
+use crate::BeirError;
+
+/// How big a collection to make.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SynthSpec {
+    /// Seeds every choice: names, links, splits.
+    pub seed: u64,
+    /// Companies (one founder each); each gives up to four questions.
+    pub companies: usize,
+}
+
+/// What [`write`] made.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Synthesized {
+    /// Documents in `corpus.jsonl` (distractors included).
+    pub documents: usize,
+    /// Questions per split (`train`, `validation`, `test`).
+    pub questions: BTreeMap<&'static str, usize>,
+    /// Questions per type, over all splits.
+    pub types: BTreeMap<&'static str, usize>,
+}
+
+/// The splits and the share of questions each gets (of 20).
+const SPLITS: [(&str, u64); 3] = [("train", 14), ("validation", 3), ("test", 3)];
+
+/// Words that carry no content: ignored when checking that a question and
+/// its answer document share no word.
+const STOPWORDS: &[&str] = &[
+    "a", "an", "and", "as", "at", "by", "does", "for", "from", "in", "is", "it", "its", "of", "on", "the", "to", "was",
+    "what", "where", "which", "who", "with",
+];
+
+const CRAFTS: &[&str] = &[
+    "glassblower",
+    "clockmaker",
+    "cartographer",
+    "weaver",
+    "luthier",
+    "bookbinder",
+    "potter",
+    "tanner",
+    "cooper",
+    "engraver",
+    "chandler",
+    "milliner",
+];
+const PRODUCTS: &[&str] = &[
+    "copper kettles",
+    "paper lanterns",
+    "wool blankets",
+    "brass compasses",
+    "oak barrels",
+    "silk ribbons",
+    "clay tiles",
+    "steel needles",
+    "linen sails",
+    "tin whistles",
+    "leather saddles",
+    "cedar chests",
+];
+const SUFFIXES: &[&str] = &["Works", "Foundry", "Mills", "Guild", "Company", "Atelier"];
+const FEATURES: &[&str] = &[
+    "under steep hills",
+    "amid orchards",
+    "by salt marshes",
+    "below pine forests",
+    "among vineyards",
+    "facing the sea cliffs",
+];
+const GOODS: &[&str] = &["apples", "honey", "cheese", "olives", "herring", "barley", "walnuts", "plums"];
+const EVENTS: &[&str] = &["regatta", "harvest fair", "lantern parade", "chess tournament", "choir festival"];
+const TOPICS: &[&str] = &["apprenticeships", "old tools", "market prices", "river trade", "guild law"];
+
+/// SplitMix64: small, seedable, the same on every platform.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+
+    fn pick<'a>(&mut self, items: &[&'a str]) -> &'a str {
+        items[self.below(items.len())]
+    }
+}
+
+/// Made-up capitalised words, never repeated and never a word of the
+/// templates (a name must not look like question vocabulary).
+struct Names {
+    taken: BTreeSet<String>,
+}
+
+impl Names {
+    fn new() -> Self {
+        let mut taken = BTreeSet::new();
+        for template_word in TEMPLATE_WORDS.iter().chain(STOPWORDS) {
+            taken.insert(template_word.to_string());
+        }
+        Self { taken }
+    }
+
+    fn fresh(&mut self, rng: &mut Rng, syllables: usize) -> String {
+        const ONSETS: &[&str] =
+            &["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr", "kl", "tr"];
+        const VOWELS: &[&str] = &["a", "e", "i", "o", "u", "ai", "ou"];
+        const CODAS: &[&str] = &["", "", "n", "r", "l", "s", "th", "k"];
+        loop {
+            let mut word = String::new();
+            for _ in 0..syllables {
+                word.push_str(rng.pick(ONSETS));
+                word.push_str(rng.pick(VOWELS));
+            }
+            word.push_str(rng.pick(CODAS));
+            if self.taken.insert(word.clone()) {
+                let mut chars = word.chars();
+                let first = chars.next().map(|c| c.to_ascii_uppercase()).unwrap_or('X');
+                return std::iter::once(first).chain(chars).collect();
+            }
+        }
+    }
+}
+
+/// Every word the document and question templates use (names must differ).
+const TEMPLATE_WORDS: &[&str] = &[
+    "started",
+    "makes",
+    "lives",
+    "earns",
+    "living",
+    "quiet",
+    "enjoys",
+    "evenings",
+    "lies",
+    "beside",
+    "markets",
+    "sell",
+    "sponsored",
+    "held",
+    "during",
+    "gave",
+    "talk",
+    "about",
+    "produce",
+    "trade",
+    "practise",
+    "person",
+    "established",
+    "town",
+    "founder",
+    "name",
+    "river",
+    "near",
+    "residence",
+    "home",
+];
+
+struct City {
+    name: String,
+    river: String,
+    feature: &'static str,
+    goods: &'static str,
+}
+
+struct Person {
+    first: String,
+    last: String,
+    town: usize,
+    craft: &'static str,
+}
+
+impl Person {
+    fn name(&self) -> String {
+        format!("{} {}", self.first, self.last)
+    }
+}
+
+struct Company {
+    name: String,
+    founder: usize,
+    product: &'static str,
+    year: u32,
+}
+
+struct Question {
+    /// The company the question is about: all of a company's questions go to one split,
+    /// so nothing learnt about it in training answers a test question.
+    company: usize,
+    id: String,
+    kind: &'static str,
+    text: String,
+    /// Document id -> grade (answer 2, bridges 1).
+    judged: Vec<(String, i32)>,
+    /// The answer document's text, for the no-shared-word check.
+    answer_text: String,
+}
+
+/// Content words of `text`: lower case, split on anything not alphanumeric, stopwords dropped.
+fn content_words(text: &str) -> BTreeSet<String> {
+    text.split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .map(str::to_lowercase)
+        .filter(|w| !STOPWORDS.contains(&w.as_str()))
+        .collect()
+}
+
+/// Writes the collection for `spec` into `dir` (created if missing):
+/// `corpus.jsonl`, `queries.jsonl` (with each question's `metadata.type`
+/// and `metadata.hops`) and `qrels/{train,validation,test}.tsv`.
+pub fn write(dir: &Path, spec: SynthSpec) -> Result<Synthesized, BeirError> {
+    if spec.companies < 4 {
+        return Err(BeirError::Synth(format!("companies must be at least 4, got {}", spec.companies)));
+    }
+    let mut rng = Rng(spec.seed);
+    let mut names = Names::new();
+    let towns = (spec.companies / 4).max(2);
+    let cities: Vec<City> = (0..towns)
+        .map(|_| City {
+            name: names.fresh(&mut rng, 2),
+            river: names.fresh(&mut rng, 2),
+            feature: rng.pick(FEATURES),
+            goods: rng.pick(GOODS),
+        })
+        .collect();
+    let people: Vec<Person> = (0..spec.companies)
+        .map(|_| Person {
+            first: names.fresh(&mut rng, 2),
+            last: names.fresh(&mut rng, 3),
+            town: rng.below(cities.len()),
+            craft: rng.pick(CRAFTS),
+        })
+        .collect();
+    let companies: Vec<Company> = (0..spec.companies)
+        .map(|i| Company {
+            name: format!("{} {}", names.fresh(&mut rng, 2), rng.pick(SUFFIXES)),
+            founder: i,
+            product: rng.pick(PRODUCTS),
+            year: 1820 + rng.below(180) as u32,
+        })
+        .collect();
+
+    let mut corpus = String::new();
+    let mut documents = 0;
+    let mut document = |id: &str, title: &str, text: &str| {
+        let line = serde_json::json!({"_id": id, "title": title, "text": text});
+        let _ = writeln!(corpus, "{line}");
+        documents += 1;
+    };
+    let city_text =
+        |c: &City| format!("{} lies beside the {}, {}. Its markets sell {}.", c.name, c.river, c.feature, c.goods);
+    let person_text = |p: &Person| {
+        let town = &cities[p.town].name;
+        format!("{} lives in {town} and earns a living as a {}. {} enjoys quiet evenings.", p.name(), p.craft, p.first)
+    };
+    let company_text = |c: &Company| {
+        format!("{} was started by {} in {}. It makes {}.", c.name, people[c.founder].name(), c.year, c.product)
+    };
+    for (i, city) in cities.iter().enumerate() {
+        document(&format!("c{i}"), &city.name, &city_text(city));
+    }
+    for (i, person) in people.iter().enumerate() {
+        document(&format!("p{i}"), &person.name(), &person_text(person));
+        // A distractor naming the person beside another town.
+        let elsewhere = &cities[(person.town + 1 + rng.below(cities.len() - 1)) % cities.len()].name;
+        let text = format!("{} gave a talk about {} in {elsewhere}.", person.name(), rng.pick(TOPICS));
+        document(&format!("dp{i}"), &person.name(), &text);
+    }
+    for (i, company) in companies.iter().enumerate() {
+        document(&format!("o{i}"), &company.name, &company_text(company));
+        // A distractor naming the company beside another town and person-like detail.
+        let town = &cities[rng.below(cities.len())].name;
+        let text = format!(
+            "{} sponsored the {} held in {town} during {}.",
+            company.name,
+            rng.pick(EVENTS),
+            1900 + rng.below(120)
+        );
+        document(&format!("do{i}"), &company.name, &text);
+    }
+
+    let mut questions = Vec::new();
+    for (i, company) in companies.iter().enumerate() {
+        let founder = &people[company.founder];
+        let (org, person, city) = (format!("o{i}"), format!("p{}", company.founder), format!("c{}", founder.town));
+        let mut ask = |kind: &'static str, text: String, judged: Vec<(String, i32)>, answer_text: String| {
+            questions.push(Question { company: i, id: format!("q{i}-{kind}"), kind, text, judged, answer_text });
+        };
+        ask("product", format!("What does {} produce?", company.name), vec![(org.clone(), 2)], company_text(company));
+        ask(
+            "founder_craft",
+            format!("What trade does the person who established {} practise?", company.name),
+            vec![(person.clone(), 2), (org.clone(), 1)],
+            person_text(founder),
+        );
+        ask(
+            "founder_town",
+            format!("Which town is home to the founder of {}?", company.name),
+            vec![(person.clone(), 2), (org.clone(), 1)],
+            person_text(founder),
+        );
+        ask(
+            "founder_river",
+            format!("Name the river near the residence of the founder of {}.", company.name),
+            vec![(city, 2), (person, 1), (org, 1)],
+            city_text(&cities[founder.town]),
+        );
+    }
+    // The multi-hop promise: nothing of the question in its answer.
+    for question in questions.iter().filter(|q| q.kind != "product") {
+        let shared: Vec<String> =
+            content_words(&question.text).intersection(&content_words(&question.answer_text)).cloned().collect();
+        if !shared.is_empty() {
+            return Err(BeirError::Synth(format!(
+                "question {} shares {shared:?} with its answer document",
+                question.id
+            )));
+        }
+    }
+
+    let split_of: Vec<&str> = (0..companies.len())
+        .map(|_| {
+            let mut draw = rng.next() % 20;
+            SPLITS
+                .iter()
+                .find(|(_, share)| {
+                    let here = draw < *share;
+                    draw = draw.saturating_sub(*share);
+                    here
+                })
+                .map_or("train", |(split, _)| *split)
+        })
+        .collect();
+    let io = |path: &Path, source: std::io::Error| BeirError::Io { path: path.to_owned(), source };
+    std::fs::create_dir_all(dir.join("qrels")).map_err(|e| io(dir, e))?;
+    let mut queries = String::new();
+    let mut qrels: BTreeMap<&str, String> =
+        SPLITS.iter().map(|(split, _)| (*split, "query-id\tcorpus-id\tscore\n".to_owned())).collect();
+    let mut summary = Synthesized { documents, ..Default::default() };
+    for question in &questions {
+        let hops = question.judged.len();
+        let line = serde_json::json!({
+            "_id": question.id,
+            "text": question.text,
+            "metadata": {"type": question.kind, "hops": hops},
+        });
+        let _ = writeln!(queries, "{line}");
+        let split = split_of[question.company];
+        let lines = qrels.get_mut(split).expect("every split has qrels");
+        for (doc, grade) in &question.judged {
+            let _ = writeln!(lines, "{}\t{doc}\t{grade}", question.id);
+        }
+        *summary.questions.entry(split).or_default() += 1;
+        *summary.types.entry(question.kind).or_default() += 1;
+    }
+    let corpus_path = dir.join("corpus.jsonl");
+    std::fs::write(&corpus_path, corpus).map_err(|e| io(&corpus_path, e))?;
+    let queries_path = dir.join("queries.jsonl");
+    std::fs::write(&queries_path, queries).map_err(|e| io(&queries_path, e))?;
+    for (split, text) in qrels {
+        let path = dir.join("qrels").join(format!("{split}.tsv"));
+        std::fs::write(&path, text).map_err(|e| io(&path, e))?;
+    }
+    Ok(summary)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn made(seed: u64) -> (tempfile::TempDir, Synthesized) {
+        let dir = tempfile::tempdir().unwrap();
+        let summary = write(dir.path(), SynthSpec { seed, companies: 40 }).unwrap();
+        (dir, summary)
+    }
+
+    #[test]
+    fn the_same_seed_writes_the_same_bytes_and_another_does_not() {
+        let read = |dir: &Path| {
+            ["corpus.jsonl", "queries.jsonl", "qrels/test.tsv"].map(|f| std::fs::read(dir.join(f)).unwrap())
+        };
+        let ((a, _), (b, _), (c, _)) = (made(7), made(7), made(8));
+        assert_eq!(read(a.path()), read(b.path()));
+        assert_ne!(read(a.path()), read(c.path()));
+    }
+
+    #[test]
+    fn every_seed_keeps_the_multi_hop_promise() {
+        for seed in 0..50 {
+            let dir = tempfile::tempdir().unwrap();
+            write(dir.path(), SynthSpec { seed, companies: 8 }).unwrap();
+        }
+    }
+
+    #[test]
+    fn every_split_and_type_is_there_with_graded_qrels() {
+        let (dir, summary) = made(3);
+        assert_eq!(summary.types.values().sum::<usize>(), 160);
+        assert_eq!(summary.types.len(), 4);
+        assert!(summary.questions.values().all(|&n| n > 0), "{summary:?}");
+        assert_eq!(summary.documents, 10 + 40 * 4);
+        let beir = crate::BeirDir::new(dir.path());
+        assert_eq!(beir.queries(crate::BadLines::Fail).unwrap().len(), 160);
+        let mut judged = 0;
+        for split in ["train", "validation", "test"] {
+            for (query, docs) in beir.qrels(split).unwrap() {
+                assert_eq!(docs.values().filter(|&&g| g == 2).count(), 1, "{query}: one answer");
+                let hops = if query.ends_with("product") {
+                    1
+                } else if query.ends_with("river") {
+                    3
+                } else {
+                    2
+                };
+                assert_eq!(docs.len(), hops, "{query}: {docs:?}");
+                judged += 1;
+            }
+        }
+        assert_eq!(judged, 160, "every question judged in exactly one split");
+    }
+
+    #[test]
+    fn each_hop_names_the_next_and_the_question_names_only_the_first() {
+        let (dir, _) = made(5);
+        let beir = crate::BeirDir::new(dir.path());
+        let corpus: BTreeMap<String, (String, String)> = beir
+            .corpus(crate::BadLines::Fail)
+            .unwrap()
+            .map(|d| d.map(|d| (d.id, (d.title, d.text))))
+            .collect::<Result<_, _>>()
+            .unwrap();
+        let queries = beir.queries(crate::BadLines::Fail).unwrap();
+        let all: crate::Qrels = ["train", "validation", "test"].iter().flat_map(|s| beir.qrels(s).unwrap()).collect();
+        for question in queries.iter().filter(|q| q.id.ends_with("founder_river")) {
+            let judged = &all[&question.id];
+            let doc = |prefix: char| judged.keys().find(|d| d.starts_with(prefix)).map(|d| &corpus[d]).unwrap();
+            let (company, founder, town) = (doc('o'), doc('p'), doc('c'));
+            assert!(company.1.contains(&founder.0), "{} names its founder {}", company.1, founder.0);
+            assert!(founder.1.contains(&town.0), "{} names the town {}", founder.1, town.0);
+            assert!(question.text.contains(&company.0), "{} names the company", question.text);
+            for later in [&founder.0, &town.0] {
+                assert!(later.split(' ').all(|w| !question.text.contains(w)), "{} names {later}", question.text);
+            }
+        }
+    }
+}
