@@ -54,6 +54,49 @@ fn tokens(trace: &Trace) -> Vec<u32> {
     trace.segments.iter().flat_map(|s| s.token_ids.iter().copied()).collect()
 }
 
+/// One policy server (SmolLM2 on the CPU, f32) behind a gateway, with Redis;
+/// everything stops when it drops.
+struct OneReplica {
+    model: String,
+    redis_url: String,
+    policy_addr: String,
+    gateway: InferenceGatewayClient<MeshChannel>,
+    _policy: sleuth_testkit::service::Running<policy_server::Error>,
+    _gateway: sleuth_testkit::service::Running<inference_gateway::Error>,
+    _redis: sleuth_testkit::TestServer,
+}
+
+async fn one_replica() -> Result<OneReplica> {
+    let model = sleuth_testkit::smollm2()?;
+    let model = model.to_str().context("utf-8 path")?.to_owned();
+    let redis = sleuth_testkit::redis()?;
+    let redis_url = sleuth_testkit::redis_url(&redis);
+    let (policy_addr, policy) = start!(
+        policy_server,
+        ["policy-server", "--listen", "127.0.0.1:0", "--device", "cpu", "--dtype", "f32", "--model", &model]
+    );
+    let (gateway_addr, gateway_stop) =
+        start!(inference_gateway, gateway_args(&model, &redis_url, &policy_addr, "127.0.0.1:0", &[]));
+    serving(&gateway_addr, "sleuth.inference.v1.InferenceGateway").await?;
+    let gateway = InferenceGatewayClient::new(connect(&gateway_addr, None, Duration::from_secs(5)).await?);
+    Ok(OneReplica { model, redis_url, policy_addr, gateway, _policy: policy, _gateway: gateway_stop, _redis: redis })
+}
+
+/// Has the policy server serve `version`: the same weights, reloaded from the model directory.
+async fn publish_version(stack: &OneReplica, version: u64) -> Result<()> {
+    use sleuth_proto::policy::v1 as policy;
+    let header = policy::UpdateWeightsRequest {
+        part: Some(policy::update_weights_request::Part::Header(policy::WeightsHeader {
+            version,
+            tensor_count: 0,
+            checkpoint_uri: stack.model.clone(),
+        })),
+    };
+    let channel = connect(&stack.policy_addr, None, Duration::from_secs(5)).await?;
+    policy::policy_server_client::PolicyServerClient::new(channel).update_weights(tokio_stream::iter([header])).await?;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn turns_are_recorded_token_for_token_and_survive_a_restart() -> Result<()> {
     let model = sleuth_testkit::smollm2()?;
@@ -294,20 +337,9 @@ async fn episodes_stick_to_a_replica_and_fail_over_when_it_dies() -> Result<()> 
 /// holds the turn until it is brought up to date, generating nothing before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_runs_turns_wait_for_a_replica_serving_its_version() -> Result<()> {
-    use sleuth_proto::policy::v1 as policy;
-    let model = sleuth_testkit::smollm2()?;
-    let model = model.to_str().context("utf-8 path")?.to_owned();
-    let redis = sleuth_testkit::redis()?;
-    let redis_url = sleuth_testkit::redis_url(&redis);
-    let (policy_addr, _policy) = start!(
-        policy_server,
-        ["policy-server", "--listen", "127.0.0.1:0", "--device", "cpu", "--dtype", "f32", "--model", &model]
-    );
-    let (gateway_addr, _gateway) =
-        start!(inference_gateway, gateway_args(&model, &redis_url, &policy_addr, "127.0.0.1:0", &[]));
-    serving(&gateway_addr, "sleuth.inference.v1.InferenceGateway").await?;
-    let mut gateway = InferenceGatewayClient::new(connect(&gateway_addr, None, Duration::from_secs(5)).await?);
-    let store = sleuth_store::RedisStore::open(&redis_url)?;
+    let stack = one_replica().await?;
+    let mut gateway = stack.gateway.clone();
+    let store = sleuth_store::RedisStore::open(&stack.redis_url)?;
     sleuth_store::trajectories::set_learner_version(&store, "run-w", 1).await?;
 
     // Outside a run any weights serve.
@@ -321,28 +353,7 @@ async fn a_runs_turns_wait_for_a_replica_serving_its_version() -> Result<()> {
     });
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(!waiting.is_finished(), "the replica on version 0 must not serve a turn of a run at version 1");
-    let norm: Vec<u8> = [1.0f32; 576].iter().flat_map(|v| v.to_le_bytes()).collect();
-    let update = [
-        policy::UpdateWeightsRequest {
-            part: Some(policy::update_weights_request::Part::Header(policy::WeightsHeader {
-                version: 1,
-                tensor_count: 1,
-                checkpoint_uri: String::new(),
-            })),
-        },
-        policy::UpdateWeightsRequest {
-            part: Some(policy::update_weights_request::Part::Tensor(policy::TensorChunk {
-                name: "model.norm.weight".into(),
-                dtype: policy::DType::DtypeF32 as i32,
-                shape: vec![576],
-                byte_offset: 0,
-                data: norm,
-            })),
-        },
-    ];
-    policy::policy_server_client::PolicyServerClient::new(connect(&policy_addr, None, Duration::from_secs(5)).await?)
-        .update_weights(tokio_stream::iter(update))
-        .await?;
+    publish_version(&stack, 1).await?;
     let reply = waiting.await??.into_inner();
     assert_eq!(reply.policy_version, 1);
     let trace = gateway.get_trace(pb::GetTraceRequest { episode_id: "w-1".into() }).await?.into_inner();
@@ -402,22 +413,8 @@ fn message(role: &str, text: &str) -> ChatMessage {
 /// token, with masks, logprobs and the version of every turn.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_five_turn_tool_episode_is_traced_exactly() -> Result<()> {
-    use sleuth_proto::policy::v1 as policy_pb;
-    let model = sleuth_testkit::smollm2()?;
-    let model = model.to_str().context("utf-8 path")?.to_owned();
-    let redis = sleuth_testkit::redis()?;
-    let redis_url = sleuth_testkit::redis_url(&redis);
-    let (policy_addr, _policy) = start!(
-        policy_server,
-        ["policy-server", "--listen", "127.0.0.1:0", "--device", "cpu", "--dtype", "f32", "--model", &model]
-    );
-    let (gateway_addr, _gateway) =
-        start!(inference_gateway, gateway_args(&model, &redis_url, &policy_addr, "127.0.0.1:0", &[]));
-    serving(&gateway_addr, "sleuth.inference.v1.InferenceGateway").await?;
-    let mut gateway = InferenceGatewayClient::new(connect(&gateway_addr, None, Duration::from_secs(5)).await?);
-    let mut policy = sleuth_proto::policy::v1::policy_server_client::PolicyServerClient::new(
-        connect(&policy_addr, None, Duration::from_secs(5)).await?,
-    );
+    let stack = one_replica().await?;
+    let mut gateway = stack.gateway.clone();
     let tool = ToolSpec {
         name: "search".into(),
         description: "Search the documents for a query.".into(),
@@ -436,14 +433,7 @@ async fn a_five_turn_tool_episode_is_traced_exactly() -> Result<()> {
     for turn in 0..5 {
         if turn == 2 {
             // The learner publishes version 1 between turns 2 and 3.
-            let header = policy_pb::UpdateWeightsRequest {
-                part: Some(policy_pb::update_weights_request::Part::Header(policy_pb::WeightsHeader {
-                    version: 1,
-                    tensor_count: 0,
-                    checkpoint_uri: model.clone(),
-                })),
-            };
-            policy.update_weights(tokio_stream::iter([header])).await?;
+            publish_version(&stack, 1).await?;
         }
         let mut request = chat("tools-1", &messages);
         request.tools = vec![tool.clone()];
@@ -493,7 +483,7 @@ async fn a_five_turn_tool_episode_is_traced_exactly() -> Result<()> {
     let metrics = sleuth_kit::metrics::render();
     for series in [
         "sleuth_gateway_turns_total{front_door=\"grpc\",result=\"ok\"}".to_owned(),
-        format!("sleuth_gateway_replica_in_flight{{replica=\"{policy_addr}\"}} 0"),
+        format!("sleuth_gateway_replica_in_flight{{replica=\"{}\"}} 0", stack.policy_addr),
         "sleuth_gateway_overhead_seconds_count".to_owned(),
         "sleuth_gateway_completion_tokens_total".to_owned(),
     ] {
