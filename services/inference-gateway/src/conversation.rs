@@ -42,6 +42,23 @@ impl Renderer {
         Ok(encoding.get_ids().to_vec())
     }
 
+    /// The tokens a policy samples to write `reply` after `messages`: the
+    /// template's rendering of an assistant message with that content, up to
+    /// and including its end-of-turn token (where the policy stops).
+    pub fn reply_tokens(&self, messages: &[Json], tools: &[Json], reply: &str) -> Result<Vec<u32>, Error> {
+        let prompt = self.render_ids(messages, tools, true)?;
+        let mut with_reply = messages.to_vec();
+        with_reply.push(json!({"role": "assistant", "content": reply}));
+        let full = self.render_ids(&with_reply, tools, false)?;
+        let Some(rest) = full.strip_prefix(prompt.as_slice()) else {
+            return Err(Error::InvalidArgument(
+                "teacher_reply: the chat template does not render the reply after the prompt".to_owned(),
+            ));
+        };
+        let end = self.end_of_turn.and_then(|eot| rest.iter().position(|&t| t == eot)).map_or(rest.len(), |i| i + 1);
+        Ok(rest[..end].to_vec())
+    }
+
     /// Text of generated tokens, special tokens dropped.
     pub fn decode(&self, tokens: &[u32]) -> Result<String, Error> {
         self.tokenizer.decode(tokens, true).map_err(|e| Error::Internal(format!("tokenizer: {e}")))

@@ -69,6 +69,24 @@ fn tool_json(tool: &ToolSpec) -> Result<Json, Error> {
     )
 }
 
+/// A teacher's reply as if the policy had sampled it: its tokens (cut at
+/// `max_new_tokens`, as sampling would stop there), logprobs 0, version 0.
+fn taught(mut tokens: Vec<u32>, max_new_tokens: u32) -> sleuth_proto::policy::v1::GenerateResponse {
+    let finish = if tokens.len() > max_new_tokens as usize {
+        tokens.truncate(max_new_tokens as usize);
+        FinishReason::Length
+    } else {
+        FinishReason::Stop
+    };
+    sleuth_proto::policy::v1::GenerateResponse {
+        logprobs: vec![0.0; tokens.len()],
+        policy_versions: vec![0; tokens.len()],
+        token_ids: tokens,
+        finish_reason: finish as i32,
+        ..Default::default()
+    }
+}
+
 #[tonic::async_trait]
 impl InferenceGateway for Handlers {
     async fn chat(&self, request: Request<pb::ChatRequest>) -> Result<Response<pb::ChatResponse>, Status> {
@@ -164,7 +182,12 @@ impl Handlers {
             min_policy_version,
         };
         let policy_started = std::time::Instant::now();
-        let (replica, generated) = self.policy.generate(&episode, generate).await?;
+        let (replica, generated) = if request.teacher_reply.is_empty() {
+            self.policy.generate(&episode, generate).await?
+        } else {
+            let written = self.renderer.reply_tokens(&messages, &tools, &request.teacher_reply)?;
+            ("teacher".to_owned(), taught(written, generate.sampling.as_ref().map_or(0, |s| s.max_new_tokens)))
+        };
         let policy_wait = policy_started.elapsed();
         tracing::debug!(episode = %episode, %replica, tokens = generated.token_ids.len(), "turn generated");
 

@@ -232,6 +232,7 @@ async fn complete(state: &AppState, episode: String, body: Value) -> Result<Json
         }),
         logprobs: request.logprobs,
         run_id: String::new(),
+        teacher_reply: String::new(),
     };
     let response = state.handlers.turn("http", chat).await.map_err(ApiError)?;
     let message = response.message.unwrap_or_default();

@@ -362,6 +362,53 @@ async fn a_runs_turns_wait_for_a_replica_serving_its_version() -> Result<()> {
     Ok(())
 }
 
+/// A scripted teacher's reply is recorded as the tokens the policy would
+/// have sampled to write it: parsed like a sampled reply, traced as a policy
+/// segment (trainable, logprobs 0), and the policy's next turn continues
+/// from it without drift.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_teachers_reply_is_traced_as_the_policys_own_tokens() -> Result<()> {
+    let stack = one_replica().await?;
+    let mut gateway = stack.gateway.clone();
+    let tool = ToolSpec {
+        name: "search".into(),
+        description: "Search the documents for a query.".into(),
+        parameters_json: r#"{"type": "object", "properties": {"query": {"type": "string"}}}"#.into(),
+    };
+    let call = r#"<tool_call>[{"name": "search", "arguments": {"query": "capital of France"}}]</tool_call>"#;
+    let mut messages = vec![user("What is the capital of France?")];
+    let mut taught =
+        pb::ChatRequest { tools: vec![tool.clone()], teacher_reply: call.into(), ..chat("teacher-1", &messages) };
+    // Within the turn's budget (as the policy, a longer reply is cut at max_new_tokens).
+    taught.sampling.as_mut().context("sampling")?.max_new_tokens = 64;
+    let first = gateway.chat(taught).await?.into_inner();
+    let reply = first.message.clone().context("message")?;
+    assert_eq!(first.finish_reason, "tool_calls");
+    assert_eq!(reply.tool_calls.len(), 1);
+    assert_eq!(reply.tool_calls[0].arguments_json, r#"{"query":"capital of France"}"#);
+
+    messages.push(reply.clone());
+    messages.push(ChatMessage {
+        role: "tool".into(),
+        content: "Paris is the capital of France.".into(),
+        tool_call_id: reply.tool_calls[0].id.clone(),
+        ..Default::default()
+    });
+    let second = gateway.chat(pb::ChatRequest { tools: vec![tool], ..chat("teacher-1", &messages) }).await?;
+    assert!(!second.into_inner().drift, "the policy's turn continues the teacher's tokens");
+
+    let trace = gateway.get_trace(pb::GetTraceRequest { episode_id: "teacher-1".into() }).await?.into_inner();
+    let policy: Vec<_> = trace.segments.iter().filter(|s| s.kind == SegmentKind::Policy as i32).collect();
+    assert_eq!(policy.len(), 2);
+    let tokenizer = tokenizers::Tokenizer::from_file(format!("{}/tokenizer.json", stack.model))
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let written = tokenizer.decode(&policy[0].token_ids, false).map_err(|e| anyhow::anyhow!("{e}"))?;
+    assert_eq!(written, format!("{call}<|im_end|>"), "the reply's tokens through the end of turn");
+    assert!(policy[0].logprobs.iter().all(|&l| l == 0.0) && policy[0].loss_mask.iter().all(|&m| m == 1));
+    assert_eq!(trace.drift_events, 0);
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_official_openai_client_runs_a_tool_calling_round_trip() -> Result<()> {
     let model = sleuth_testkit::smollm2()?;
