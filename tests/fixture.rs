@@ -164,21 +164,31 @@ impl Mesh {
     }
 
     pub fn with_agents(model: &Path, index: &Path, agents: usize) -> Result<Self> {
-        Self::on_redis(sleuth_testkit::redis()?, model, index, agents)
+        Self::on_redis(sleuth_testkit::redis()?, model, ("weather", index), agents)
     }
 
     /// [`Mesh::with_agents`] on a Redis with append-only persistence, which
     /// `mesh.redis.restart()` brings back with everything it acknowledged.
     pub fn persistent(model: &Path, index: &Path, agents: usize) -> Result<Self> {
-        Self::on_redis(sleuth_testkit::redis_persistent()?, model, index, agents)
+        Self::on_redis(sleuth_testkit::redis_persistent()?, model, ("weather", index), agents)
     }
 
-    fn on_redis(redis: sleuth_testkit::TestServer, model: &Path, index: &Path, agents: usize) -> Result<Self> {
+    /// A mesh whose tool gateway serves the collection `name` from `index`.
+    pub fn with_collection(model: &Path, name: &str, index: &Path, agents: usize) -> Result<Self> {
+        Self::on_redis(sleuth_testkit::redis()?, model, (name, index), agents)
+    }
+
+    fn on_redis(
+        redis: sleuth_testkit::TestServer,
+        model: &Path,
+        (collection, index): (&str, &Path),
+        agents: usize,
+    ) -> Result<Self> {
         let redis_url = sleuth_testkit::redis_url(&redis);
         let tools = ServiceProcess::start(
             "tool-gateway",
             &[
-                ("SLEUTH_COLLECTIONS", format!("weather={}", index.display())),
+                ("SLEUTH_COLLECTIONS", format!("{collection}={}", index.display())),
                 ("SLEUTH_INDEX_ROOT", index.display().to_string()),
             ],
         )?;

@@ -88,6 +88,9 @@ struct Agent {
     tools: Vec<String>,
     #[serde(default)]
     system_prompt: String,
+    /// A scripted teacher instead of the policy (SFT data): bm25:<hops>, vector:<hops>, mixture.
+    #[serde(default)]
+    teacher: String,
 }
 
 #[derive(Debug, Deserialize)]
@@ -167,6 +170,7 @@ pub fn parse(text: &str) -> Result<pb::RunSpec, String> {
         }),
         tools: a.tools,
         system_prompt: a.system_prompt,
+        teacher: a.teacher,
     });
     Ok(pb::RunSpec {
         name: spec.name,

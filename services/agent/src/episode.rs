@@ -49,6 +49,8 @@ pub fn validate(request: &RunEpisodeRequest) -> Result<(), String> {
     if task.collection.trim().is_empty() {
         return Err(format!("task.collection of task {:?} must name a tool-gateway collection", task.task_id));
     }
+    crate::teacher::TeacherSpec::parse(&request.config.as_ref().map(|c| c.teacher.clone()).unwrap_or_default())
+        .map_err(|e| format!("config.{e}"))?;
     let budget = request.config.as_ref().and_then(|c| c.budget).unwrap_or_default();
     if budget.max_turns > 256 {
         return Err(format!("config.budget.max_turns must be at most 256, got {}", budget.max_turns));
@@ -72,7 +74,11 @@ pub async fn run(clients: &Clients, request: &RunEpisodeRequest) -> Episode {
     let mut turns = 0u32;
     let end = match offered_tools(clients, &task.collection, &config).await {
         Err(end) => end,
-        Ok(tool_specs) => {
+        Ok(tool_specs) => 'episode: {
+            let mut teacher = match teacher_for(&config, &request.episode_id, &task.question, &tool_specs) {
+                Ok(teacher) => teacher,
+                Err(why) => break 'episode End::new(EpisodeOutcome::ToolError, why),
+            };
             let mut used_tokens = 0u32;
             loop {
                 if turns >= max_turns {
@@ -89,12 +95,17 @@ pub async fn run(clients: &Clients, request: &RunEpisodeRequest) -> Episode {
                 // One seed per turn: the same seed every turn would replay
                 // the same random draws at every position of every turn.
                 sampling.seed = sampling.seed.map(|seed| sleuth_kit::seed::derive(seed, &format!("turn {turns}")));
+                let observation = messages.last().filter(|m| m.role == "tool").map(|m| m.content.as_str());
                 let chat = inference::ChatRequest {
                     episode_id: request.episode_id.clone(),
                     run_id: request.run_id.clone(),
                     messages: messages.clone(),
                     tools: tool_specs.clone(),
                     sampling: Some(sampling),
+                    teacher_reply: teacher
+                        .as_mut()
+                        .map(|t| t.reply(observation, max_turns - turns))
+                        .unwrap_or_default(),
                     ..Default::default()
                 };
                 let response = match clients.model.clone().chat(chat).await {
@@ -145,6 +156,19 @@ pub async fn run(clients: &Clients, request: &RunEpisodeRequest) -> Episode {
         }
     };
     finish(clients, request, task.task_id, messages, turns, end).await
+}
+
+/// The scripted teacher replying in this episode, if the config names one;
+/// a mixture draws its strategy from the sampling seed (or the episode id).
+fn teacher_for(
+    config: &AgentConfig,
+    episode_id: &str,
+    question: &str,
+    offered: &[ToolSpec],
+) -> Result<Option<crate::teacher::Teacher>, String> {
+    let Some(spec) = crate::teacher::TeacherSpec::parse(&config.teacher)? else { return Ok(None) };
+    let seed = config.sampling.as_ref().and_then(|s| s.seed).unwrap_or_else(|| sleuth_kit::seed::derive(0, episode_id));
+    Ok(Some(crate::teacher::Teacher::new(spec.choose(seed, offered)?, question)))
 }
 
 /// The collection's tools (those `config.tools` names, or all) and the answer tool.

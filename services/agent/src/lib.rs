@@ -2,11 +2,13 @@
 //! once against the inference gateway and the tool gateway.
 //!
 //! - [`prompt`]: what the model is told (system prompt, answer tool);
-//! - [`episode`]: the loop of one episode, its budgets and outcomes.
+//! - [`episode`]: the loop of one episode, its budgets and outcomes;
+//! - [`teacher`]: scripted strategies that reply instead of the policy (SFT data).
 
 pub mod budget;
 pub mod episode;
 pub mod prompt;
+pub mod teacher;
 
 use std::future::Future;
 use std::net::SocketAddr;

@@ -61,8 +61,10 @@ pub fn validate(spec: &pb::RunSpec) -> Result<(), String> {
         return Err("spec.rollout_max_concurrency must be at least 1".into());
     }
     let train = spec.train.as_ref().ok_or("spec.train is required")?;
-    tasks::load(train, "spec.train")?;
     reject_unhonoured(spec)?;
+    if let Some(agent) = &spec.agent {
+        agent::teacher::TeacherSpec::parse(&agent.teacher).map_err(|e| format!("spec.agent.{e}"))?;
+    }
     if let Some(policy) = spec.policy.as_ref().filter(|p| !p.model_uri.is_empty()) {
         validate_model_uri(&policy.model_uri)?;
     }
@@ -76,12 +78,28 @@ pub fn validate(spec: &pb::RunSpec) -> Result<(), String> {
         sleuth_metrics::reward::NdcgReward::with_penalties(&reward.outcome_penalties.clone().into_iter().collect())
             .map_err(|e| format!("spec.reward.{e}"))?;
     }
+    // Last: it reads the task set.
+    tasks::load(train, "spec.train")?;
     Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_teacher_must_name_a_strategy() {
+        let with_teacher = |teacher: &str| pb::RunSpec {
+            agent: Some(sleuth_proto::agent::v1::AgentConfig { teacher: teacher.into(), ..Default::default() }),
+            group_size: 1,
+            global_batch_size: 1,
+            rollout_max_concurrency: 1,
+            train: Some(pb::TaskSet::default()),
+            ..Default::default()
+        };
+        let error = validate(&with_teacher("oracle")).unwrap_err();
+        assert!(error.contains("spec.agent.teacher \"oracle\""), "{error}");
+    }
 
     #[test]
     fn start_models_are_absolute_paths_or_s3() {

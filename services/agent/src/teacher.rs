@@ -1,0 +1,310 @@
+//! Scripted teachers: search strategies written as rules that reply in the
+//! policy's place (through the inference gateway's `teacher_reply`, so their
+//! turns are traced as the exact tokens the policy would sample) to make
+//! trajectory-SFT data in the policy's own chat template.
+//!
+//! A strategy is `<retriever>:<hops>`: search the question with
+//! `bm25_search` or `vector_search`, then `hops` times search the first name
+//! (a run of capitalised words) in the results that neither the question nor
+//! an earlier search holds (the bridge to the next document), then submit
+//! the hits, the last search's first. `mixture` picks one strategy per
+//! episode from the episode's seed, among those whose tool is offered, so
+//! SFT learns a mixture and RL has a choice to make.
+
+use serde::Serialize as _;
+use serde_json::json;
+use sleuth_proto::common::v1::ToolSpec;
+
+use crate::prompt::SUBMIT_TOOL;
+
+/// Results asked of each search: enough to rank, few enough to fit an observation.
+const HITS: u64 = 5;
+/// Documents submitted at most.
+const SUBMITTED: usize = 10;
+/// The most bridges a strategy follows.
+const MAX_HOPS: u32 = 3;
+
+/// One scripted way to search.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Strategy {
+    /// The search tool: `bm25_search` or `vector_search`.
+    pub tool: &'static str,
+    /// Bridges followed after searching the question.
+    pub hops: u32,
+}
+
+/// What `AgentConfig.teacher` asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TeacherSpec {
+    Fixed(Strategy),
+    /// One strategy per episode, drawn from its seed.
+    Mixture,
+}
+
+impl TeacherSpec {
+    /// Parses `AgentConfig.teacher` (an error names it as `teacher`): `""` (no teacher: the policy replies),
+    /// `mixture`, or `bm25:<hops>` / `vector:<hops>` with hops 0 to 3.
+    pub fn parse(name: &str) -> Result<Option<Self>, String> {
+        let bad = || {
+            format!(
+                "teacher {name:?} is not a strategy (bm25:<hops>, vector:<hops> with hops 0..={MAX_HOPS}, or mixture)"
+            )
+        };
+        match name.trim() {
+            "" => Ok(None),
+            "mixture" => Ok(Some(Self::Mixture)),
+            other => {
+                let (retriever, hops) = other.split_once(':').ok_or_else(bad)?;
+                let tool = match retriever {
+                    "bm25" => "bm25_search",
+                    "vector" => "vector_search",
+                    _ => return Err(bad()),
+                };
+                let hops: u32 = hops.parse().ok().filter(|h| *h <= MAX_HOPS).ok_or_else(bad)?;
+                Ok(Some(Self::Fixed(Strategy { tool, hops })))
+            }
+        }
+    }
+
+    /// The strategy of an episode with `seed` when `offered` are its tools;
+    /// an error names a fixed strategy's tool the collection lacks.
+    pub fn choose(self, seed: u64, offered: &[ToolSpec]) -> Result<Strategy, String> {
+        let has = |tool: &str| offered.iter().any(|t| t.name == tool);
+        match self {
+            Self::Fixed(strategy) if has(strategy.tool) => Ok(strategy),
+            Self::Fixed(strategy) => {
+                Err(format!("config.teacher needs {}, which the collection does not offer", strategy.tool))
+            }
+            Self::Mixture => {
+                let choices: Vec<Strategy> = ["bm25_search", "vector_search"]
+                    .into_iter()
+                    .filter(|tool| has(tool))
+                    .flat_map(|tool| (0..=2).map(move |hops| Strategy { tool, hops }))
+                    .collect();
+                if choices.is_empty() {
+                    return Err("config.teacher mixture needs bm25_search or vector_search".into());
+                }
+                Ok(choices[(sleuth_kit::seed::derive(seed, "teacher") % choices.len() as u64) as usize])
+            }
+        }
+    }
+}
+
+/// One search's results, as the observation lists them.
+struct Hit {
+    id: String,
+    text: String,
+}
+
+/// A teacher following one strategy through one episode.
+pub struct Teacher {
+    strategy: Strategy,
+    question: String,
+    /// The queries searched so far.
+    searched: Vec<String>,
+    /// Each search's hits, in order.
+    results: Vec<Vec<Hit>>,
+}
+
+impl Teacher {
+    pub fn new(strategy: Strategy, question: &str) -> Self {
+        Self { strategy, question: question.to_owned(), searched: Vec::new(), results: Vec::new() }
+    }
+
+    /// The next reply, given the observation of the previous call (none on
+    /// the first turn) and the turns left (the last one submits).
+    pub fn reply(&mut self, observation: Option<&str>, turns_left: u32) -> String {
+        if let Some(observation) = observation {
+            self.results.push(parse_hits(observation));
+        }
+        if self.searched.is_empty() && turns_left > 1 {
+            return self.search(self.question.clone());
+        }
+        let more_hops = self.searched.len() <= self.strategy.hops as usize;
+        match self.bridge().filter(|_| more_hops && turns_left > 1) {
+            Some(name) => self.search(name),
+            None => self.submit(),
+        }
+    }
+
+    fn search(&mut self, query: String) -> String {
+        let call = call(self.strategy.tool, &json!({"query": query, "k": HITS}));
+        self.searched.push(query);
+        call
+    }
+
+    /// The first name in the latest results that no earlier query holds.
+    fn bridge(&self) -> Option<String> {
+        let known: Vec<String> =
+            std::iter::once(&self.question).chain(&self.searched).map(|q| q.to_lowercase()).collect();
+        let latest = self.results.last()?;
+        latest
+            .iter()
+            .flat_map(|hit| names(&hit.text))
+            .find(|name| !known.iter().any(|k| k.contains(&name.to_lowercase())))
+    }
+
+    /// The hits, the last search's first, each document once.
+    fn submit(&self) -> String {
+        let mut ranking: Vec<&str> = Vec::new();
+        for hit in self.results.iter().rev().flatten() {
+            if !ranking.contains(&hit.id.as_str()) && ranking.len() < SUBMITTED {
+                ranking.push(&hit.id);
+            }
+        }
+        call(SUBMIT_TOOL, &json!({"doc_ids": ranking}))
+    }
+}
+
+/// A tool call as the chat template renders one (`", "` and `": "`
+/// separators, keys sorted): a reply written otherwise would re-render to
+/// other tokens on the next turn and count as drift.
+fn call(tool: &str, arguments: &serde_json::Value) -> String {
+    let call = json!({"name": tool, "arguments": arguments});
+    // Keys in the template's order: name, then arguments.
+    let text =
+        format!(r#"{{"name": {}, "arguments": {}}}"#, template_json(&call["name"]), template_json(&call["arguments"]));
+    format!("<tool_call>[{text}]</tool_call>")
+}
+
+/// JSON with the separators Python's `json.dumps` (the templates' `tojson`) writes.
+fn template_json(value: &serde_json::Value) -> String {
+    struct Spaced;
+    impl serde_json::ser::Formatter for Spaced {
+        fn begin_array_value<W: ?Sized + std::io::Write>(
+            &mut self,
+            writer: &mut W,
+            first: bool,
+        ) -> std::io::Result<()> {
+            if first { Ok(()) } else { writer.write_all(b", ") }
+        }
+        fn begin_object_key<W: ?Sized + std::io::Write>(&mut self, writer: &mut W, first: bool) -> std::io::Result<()> {
+            if first { Ok(()) } else { writer.write_all(b", ") }
+        }
+        fn begin_object_value<W: ?Sized + std::io::Write>(&mut self, writer: &mut W) -> std::io::Result<()> {
+            writer.write_all(b": ")
+        }
+    }
+    let mut out = Vec::new();
+    let mut serializer = serde_json::Serializer::with_formatter(&mut out, Spaced);
+    value.serialize(&mut serializer).expect("a JSON value serialises");
+    String::from_utf8(out).expect("JSON is UTF-8")
+}
+
+/// The hits of a search observation (`[n] doc_id: <id> | <title>` then the snippet).
+fn parse_hits(observation: &str) -> Vec<Hit> {
+    let mut hits: Vec<Hit> = Vec::new();
+    for line in observation.lines() {
+        let heading = line.split_once("] doc_id: ").filter(|(rank, _)| rank.starts_with('['));
+        match (heading, hits.last_mut()) {
+            (Some((_, rest)), _) => {
+                let (id, title) = rest.split_once(" | ").unwrap_or((rest, ""));
+                hits.push(Hit { id: id.trim().to_owned(), text: format!("{title}. ") });
+            }
+            (None, Some(hit)) => hit.text.push_str(line),
+            (None, None) => {}
+        }
+    }
+    hits
+}
+
+/// Runs of capitalised words in `text`, in order: names. A single word that
+/// starts a sentence is only capitalised by position, and is skipped.
+fn names(text: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut run: Vec<&str> = Vec::new();
+    let mut sentence_start = true;
+    let mut close = |run: &mut Vec<&str>, started_sentence: bool| {
+        if run.len() > 1 || (run.len() == 1 && !started_sentence) {
+            found.push(run.join(" "));
+        }
+        run.clear();
+    };
+    let mut run_started_sentence = false;
+    for raw in text.split_whitespace() {
+        let word = raw.trim_matches(|c: char| !c.is_alphanumeric());
+        let capitalised = word.chars().next().is_some_and(char::is_uppercase) && word.chars().all(char::is_alphabetic);
+        if capitalised {
+            if run.is_empty() {
+                run_started_sentence = sentence_start;
+            }
+            run.push(word);
+        } else {
+            close(&mut run, run_started_sentence);
+        }
+        if !raw.ends_with(|c: char| c.is_alphanumeric()) {
+            close(&mut run, run_started_sentence);
+        }
+        sentence_start = raw.ends_with(['.', '?', '!', ':']);
+    }
+    close(&mut run, run_started_sentence);
+    found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tools(names: &[&str]) -> Vec<ToolSpec> {
+        names.iter().map(|n| ToolSpec { name: (*n).into(), ..Default::default() }).collect()
+    }
+
+    #[test]
+    fn strategies_parse_and_bad_ones_are_named() {
+        assert_eq!(TeacherSpec::parse(""), Ok(None));
+        assert_eq!(
+            TeacherSpec::parse("bm25:2"),
+            Ok(Some(TeacherSpec::Fixed(Strategy { tool: "bm25_search", hops: 2 })))
+        );
+        assert_eq!(TeacherSpec::parse("mixture"), Ok(Some(TeacherSpec::Mixture)));
+        for bad in ["bm25", "sql:1", "bm25:9", "vector:x"] {
+            assert!(TeacherSpec::parse(bad).unwrap_err().contains(&format!("{bad:?}")), "{bad}");
+        }
+        let vector = TeacherSpec::parse("vector:1").unwrap().unwrap();
+        assert!(vector.choose(1, &tools(&["bm25_search"])).unwrap_err().contains("vector_search"));
+    }
+
+    #[test]
+    fn a_mixture_varies_by_seed_within_the_offered_tools() {
+        let offered = tools(&["bm25_search", "read_document"]);
+        let chosen: std::collections::BTreeSet<u32> =
+            (0..64).map(|seed| TeacherSpec::Mixture.choose(seed, &offered).unwrap().hops).collect();
+        assert_eq!(chosen, [0, 1, 2].into());
+        assert!((0..64).all(|seed| TeacherSpec::Mixture.choose(seed, &offered).unwrap().tool == "bm25_search"));
+    }
+
+    #[test]
+    fn names_are_runs_of_capitalised_words_not_sentence_starts() {
+        let text = "Klabou Atelier was started by Ada Varnok in 1903. It makes kettles. Ada enjoys Foukur.";
+        assert_eq!(names(text), ["Klabou Atelier", "Ada Varnok", "Foukur"]);
+    }
+
+    #[test]
+    fn two_hops_follow_the_bridges_and_submit_the_last_search_first() {
+        let strategy = Strategy { tool: "bm25_search", hops: 2 };
+        let mut teacher = Teacher::new(strategy, "Name the river near the residence of the founder of Klabou Atelier.");
+        let first = teacher.reply(None, 5);
+        assert!(first.contains(r#""name": "bm25_search""#) && first.contains("Klabou Atelier"), "{first}");
+        let company = "bm25_search results for \"...\":\n[1] doc_id: o3 | Klabou Atelier\nKlabou Atelier was started by Ada Varnok in 1903.\n[2] doc_id: do3 | Klabou Atelier\nKlabou Atelier sponsored the regatta held in Razak during 1950.\n";
+        let second = teacher.reply(Some(company), 4);
+        assert!(second.contains(r#""query": "Ada Varnok""#), "{second}");
+        let person = "bm25_search results for \"Ada Varnok\":\n[1] doc_id: p3 | Ada Varnok\nAda Varnok lives in Foukur and earns a living as a potter.\n";
+        let third = teacher.reply(Some(person), 3);
+        assert!(third.contains(r#""query": "Foukur""#), "{third}");
+        let town = "bm25_search results for \"Foukur\":\n[1] doc_id: c1 | Foukur\nFoukur lies beside the Toubal.\n";
+        let last = teacher.reply(Some(town), 2);
+        assert_eq!(
+            last,
+            r#"<tool_call>[{"name": "submit_ranking", "arguments": {"doc_ids": ["c1", "p3", "o3", "do3"]}}]</tool_call>"#
+        );
+    }
+
+    #[test]
+    fn the_last_turn_submits_whatever_was_found() {
+        let mut teacher = Teacher::new(Strategy { tool: "bm25_search", hops: 2 }, "why does it rain");
+        teacher.reply(None, 2);
+        let hits =
+            "bm25_search results for \"why does it rain\":\n[1] doc_id: rain | Rainfall\nRain forms in Clouds Above.\n";
+        assert!(teacher.reply(Some(hits), 1).contains(r#"{"doc_ids": ["rain"]}"#));
+    }
+}
