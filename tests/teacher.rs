@@ -94,3 +94,96 @@ async fn a_teacher_follows_bridges_to_the_answer_and_is_traced_as_the_policy() -
     }
     Ok(())
 }
+
+/// Trajectory SFT from one spec: a teacher writes the episodes (agent.teacher),
+/// the learner sees a teacher's run and imitates the episodes rewarded at
+/// least `sft_min_reward`, recording the others as below it. The policy is a
+/// tiny random Llama (the teacher replies, so it never generates); its loss
+/// on the teacher's tokens falls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_sft_run_imitates_the_teachers_best_episodes_from_one_spec() -> Result<()> {
+    use learner::records::Disposition;
+    use sleuth_proto::rollout::v1 as rollout;
+    const RUN: &str = "sft";
+    let scratch = tempfile::tempdir()?;
+    let (index, _) = synth(scratch.path())?;
+    let tiny = scratch.path().join("tiny");
+    sleuth_model::export::write_random_llama(&sleuth_testkit::smollm2()?, &tiny, Default::default(), 7)?;
+    let mesh = Mesh::with_collection(&tiny, "synth", &index, 2)?;
+    mesh.client().await?;
+    let (orchestrator, mut client) = mesh.orchestrator(&scratch.path().join("runs.db")).await?;
+    let spec = rollout::RunSpec {
+        name: "sft".into(),
+        train: Some(rollout::TaskSet {
+            source_uri: scratch.path().join("synth").display().to_string(),
+            collection: "synth".into(),
+            split: "train".into(),
+            limit: 0,
+        }),
+        agent: Some(AgentConfig {
+            budget: Some(sleuth_proto::common::v1::AgentBudget {
+                max_turns: 6,
+                max_new_tokens_per_turn: 128,
+                max_episode_tokens: 8192,
+                observation_char_cap: 1500,
+            }),
+            sampling: Some(sleuth_proto::common::v1::SamplingParams { seed: Some(5), ..Default::default() }),
+            teacher: "mixture".into(),
+            ..Default::default()
+        }),
+        group_size: 2,
+        global_batch_size: 2,
+        max_epochs: 1,
+        rollout_max_concurrency: 4,
+        max_staleness: 1,
+        training: Some(rollout::TrainingSpec {
+            learning_rate: 1e-3,
+            checkpoint_every: 2,
+            sft_min_reward: 0.5,
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let stream = StreamRecorder::start(&mesh.redis_url, RUN);
+    client.create_run(rollout::CreateRunRequest { spec: Some(spec), run_id: RUN.into() }).await?;
+    let mut learner = mesh.learner(RUN, scratch.path(), &orchestrator)?;
+    let finished = wait_for(&mut client, RUN, std::time::Duration::from_secs(400), |run| {
+        run.status != rollout::RunStatus::Running as i32
+    })
+    .await?;
+    assert_eq!(finished.status, rollout::RunStatus::Succeeded as i32, "{}", finished.status_detail);
+    let (exit, _) = learner.wait(std::time::Duration::from_secs(300))?;
+    assert!(exit.success(), "learner exited with {exit}; log:\n{}", learner.log());
+    assert!(learner.log().contains("trajectory SFT batch"), "the spec made it an SFT run");
+
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let entries: BTreeMap<String, _> = stream.entries().into_iter().collect();
+    let database = sleuth_store::Database::open(&format!("sqlite://{}", scratch.path().join("learner.db").display()))?;
+    let records = learner::records::groups(&database, RUN).await?;
+    assert_eq!(records.len(), entries.len(), "every group accounted");
+    let best = |id: &str| entries[id].episodes.iter().map(|e| e.reward).fold(f64::MIN, f64::max);
+    for record in &records {
+        match record.disposition {
+            Disposition::Trained => assert!(best(&record.entry_id) >= 0.5, "{record:?}"),
+            Disposition::BelowMinReward => assert!(best(&record.entry_id) < 0.5, "{record:?}"),
+            other => panic!("teacher data is neither stale nor flat: {other:?} {record:?}"),
+        }
+    }
+    let count = |d: Disposition| records.iter().filter(|r| r.disposition == d).count();
+    assert!(count(Disposition::Trained) >= 4 && count(Disposition::BelowMinReward) >= 1, "{records:#?}");
+
+    let steps = learner::records::steps(&database, RUN).await?;
+    let loss = |i: usize| steps[i].1["loss"].as_f64().unwrap_or(f64::NAN);
+    assert!(steps.len() >= 2, "{steps:?}");
+    assert!(loss(steps.len() - 1) < loss(0), "the loss on the teacher's tokens falls: {steps:?}");
+    eprintln!(
+        "sft: {} groups, {} trained, {} below min reward, {} steps, loss {:.3} -> {:.3}",
+        records.len(),
+        count(Disposition::Trained),
+        count(Disposition::BelowMinReward),
+        steps.len(),
+        loss(0),
+        loss(steps.len() - 1)
+    );
+    Ok(())
+}

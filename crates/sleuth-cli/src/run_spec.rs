@@ -143,6 +143,8 @@ struct Training {
     checkpoint_every: u32,
     #[serde(default)]
     eval_every: u32,
+    #[serde(default)]
+    sft_min_reward: f64,
 }
 
 impl TaskSet {
@@ -193,6 +195,7 @@ pub fn parse(text: &str) -> Result<pb::RunSpec, String> {
             kl_coef: t.kl_coef,
             checkpoint_every: t.checkpoint_every,
             eval_every: t.eval_every,
+            sft_min_reward: t.sft_min_reward,
         }),
     })
 }

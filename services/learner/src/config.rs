@@ -72,8 +72,15 @@ pub struct Config {
     #[arg(long, env = "SLEUTH_DTYPE", default_value = "auto")]
     pub dtype: sleuth_torch::DtypeSpec,
 
-    #[arg(long, env = "SLEUTH_MODE", value_enum, default_value = "rl")]
+    /// rl or sft. With an orchestrator the spec decides: a run whose agent
+    /// has a teacher is trajectory SFT.
+    #[arg(long, env = "SLEUTH_MODE", value_enum, conflicts_with = "orchestrator", default_value = "rl")]
     pub mode: Mode,
+
+    /// Trajectory SFT trains on the episodes whose reward is at least this
+    /// (the spec's `training.sft_min_reward` with an orchestrator).
+    #[arg(long, env = "SLEUTH_SFT_MIN_REWARD", conflicts_with = "orchestrator", default_value_t = f64::NEG_INFINITY, allow_negative_numbers = true)]
+    pub sft_min_reward: f64,
 
     /// grpo, dr_grpo, rloo, grpo_pass_at_k[:K].
     #[arg(long, env = "SLEUTH_ADVANTAGE", conflicts_with = "orchestrator", default_value = "grpo")]

@@ -67,6 +67,8 @@ impl Command {
 pub struct Plan {
     pub run_id: String,
     pub sft: bool,
+    /// Trajectory SFT trains on the episodes rewarded at least this much.
+    pub sft_min_reward: f64,
     pub estimator: Estimator,
     pub global_batch_size: usize,
     pub max_staleness: u64,
@@ -350,7 +352,7 @@ impl Tally {
     fn apply(self, meta: &mut Meta) -> Vec<GroupRecord> {
         meta.groups_consumed += self.trained();
         meta.groups_dropped_stale += self.count(Disposition::Stale);
-        meta.groups_filtered += self.count(Disposition::Flat);
+        meta.groups_filtered += self.count(Disposition::Flat) + self.count(Disposition::BelowMinReward);
         meta.groups_rejected += self.count(Disposition::Rejected);
         if let Some(last) = self.last {
             meta.stream_position = last.to_string();
@@ -462,6 +464,25 @@ fn take_group(entry: &Entry, plan: &Plan, version: u64) -> (Vec<Sample>, GroupRe
     // for each sampled token), not of the label the orchestrator gave the group
     // when it started: an episode can outlive several weight updates.
     record.token_version = batch::oldest_token_version(&group);
+    if plan.sft {
+        // A teacher's episodes are off-policy by design: no staleness, a reward threshold.
+        let kept = TrajectoryGroup {
+            episodes: group.episodes.iter().filter(|e| e.reward >= plan.sft_min_reward).cloned().collect(),
+            ..group.clone()
+        };
+        if kept.episodes.is_empty() {
+            record.disposition = Disposition::BelowMinReward;
+            record.detail = format!("no episode rewarded at least sft_min_reward {}", plan.sft_min_reward);
+            return (Vec::new(), record);
+        }
+        return match batch::sft_samples(&kept) {
+            Ok(samples) => {
+                record.disposition = Disposition::Trained;
+                (samples, record)
+            }
+            Err(e) => rejected(record, e.to_string()),
+        };
+    }
     if version.saturating_sub(record.token_version) > plan.max_staleness {
         record.disposition = Disposition::Stale;
         record.detail = format!(
@@ -470,8 +491,7 @@ fn take_group(entry: &Entry, plan: &Plan, version: u64) -> (Vec<Sample>, GroupRe
         );
         return (Vec::new(), record);
     }
-    let taken = if plan.sft { batch::sft_samples(&group).map(Some) } else { batch::samples(&group, plan.estimator) };
-    match taken {
+    match batch::samples(&group, plan.estimator) {
         Ok(Some(samples)) => {
             record.disposition = Disposition::Trained;
             (samples, record)

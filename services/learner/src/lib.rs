@@ -276,6 +276,7 @@ pub async fn run(
         let plan = Plan {
             run_id: config.run_id.clone(),
             sft: config.mode == Mode::Sft,
+            sft_min_reward: config.sft_min_reward,
             estimator,
             global_batch_size: config.global_batch_size as usize,
             max_staleness: config.max_staleness,

@@ -51,10 +51,18 @@ pub enum Disposition {
     Flat,
     /// It could not be decoded or turned into samples (`detail` says why).
     Rejected,
+    /// Trajectory SFT: none of its episodes reached `sft_min_reward`.
+    BelowMinReward,
 }
 
 impl Disposition {
-    const ALL: [Disposition; 4] = [Disposition::Trained, Disposition::Stale, Disposition::Flat, Disposition::Rejected];
+    const ALL: [Disposition; 5] = [
+        Disposition::Trained,
+        Disposition::Stale,
+        Disposition::Flat,
+        Disposition::Rejected,
+        Disposition::BelowMinReward,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -62,6 +70,7 @@ impl Disposition {
             Disposition::Stale => "stale",
             Disposition::Flat => "flat",
             Disposition::Rejected => "rejected",
+            Disposition::BelowMinReward => "below_min_reward",
         }
     }
 }

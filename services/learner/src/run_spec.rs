@@ -112,6 +112,11 @@ pub fn apply(config: &mut Config, spec: &RunSpec) -> Result<(), Error> {
         return Err(invalid("spec.global_batch_size must be at least 1, got 0".into()));
     }
     config.start_model_uri = spec.policy.as_ref().map(|p| p.model_uri.trim().to_owned()).filter(|u| !u.is_empty());
+    // A teacher writes the run's episodes: the learner imitates them.
+    if spec.agent.as_ref().is_some_and(|a| !a.teacher.trim().is_empty()) {
+        config.mode = crate::config::Mode::Sft;
+        config.sft_min_reward = spec.training.as_ref().map_or(f64::NEG_INFINITY, |t| t.sft_min_reward);
+    }
     tracing::info!(
         global_batch_size = config.global_batch_size,
         max_staleness = config.max_staleness,
@@ -121,6 +126,8 @@ pub fn apply(config: &mut Config, spec: &RunSpec) -> Result<(), Error> {
         kl_coef = config.kl_coef,
         checkpoint_every = config.checkpoint_every,
         start_model = config.start_model_uri.as_deref().unwrap_or("SLEUTH_MODEL"),
+        mode = ?config.mode,
+        sft_min_reward = config.sft_min_reward,
         "training settings from the run's spec"
     );
     Ok(())
@@ -150,6 +157,7 @@ mod tests {
                 kl_coef: 0.01,
                 checkpoint_every: 7,
                 eval_every: 0,
+                sft_min_reward: 0.5,
             }),
             ..Default::default()
         };
@@ -157,6 +165,14 @@ mod tests {
         assert_eq!((config.global_batch_size, config.max_staleness, config.checkpoint_every), (3, 2, 7));
         assert_eq!((config.advantage.as_str(), config.loss.as_str()), ("rloo", "cispo"));
         assert_eq!((config.learning_rate, config.kl_coef), (3e-5, 0.01));
+        assert_eq!(config.mode, crate::config::Mode::Rl, "no teacher: reinforcement learning");
+
+        let taught = RunSpec {
+            agent: Some(sleuth_proto::agent::v1::AgentConfig { teacher: "mixture".into(), ..Default::default() }),
+            ..spec
+        };
+        apply(&mut config, &taught).unwrap();
+        assert_eq!((config.mode, config.sft_min_reward), (crate::config::Mode::Sft, 0.5), "a teacher's run is SFT");
     }
 
     #[test]
@@ -169,6 +185,7 @@ mod tests {
             "--learning-rate",
             "--kl-coef",
             "--checkpoint-every",
+            "--sft-min-reward",
         ] {
             let error = config(&[flag, "2"]).unwrap_err().to_string();
             assert!(error.contains(flag) && error.contains("--orchestrator"), "{flag}: {error}");

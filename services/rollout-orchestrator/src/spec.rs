@@ -62,8 +62,14 @@ pub fn validate(spec: &pb::RunSpec) -> Result<(), String> {
     }
     let train = spec.train.as_ref().ok_or("spec.train is required")?;
     reject_unhonoured(spec)?;
-    if let Some(agent) = &spec.agent {
-        agent::teacher::TeacherSpec::parse(&agent.teacher).map_err(|e| format!("spec.agent.{e}"))?;
+    let teacher = match &spec.agent {
+        Some(agent) => agent::teacher::TeacherSpec::parse(&agent.teacher).map_err(|e| format!("spec.agent.{e}"))?,
+        None => None,
+    };
+    if teacher.is_none() && spec.training.as_ref().is_some_and(|t| t.sft_min_reward != 0.0) {
+        return Err(
+            "spec.training.sft_min_reward applies to trajectory SFT: set spec.agent.teacher or remove it".into()
+        );
     }
     if let Some(policy) = spec.policy.as_ref().filter(|p| !p.model_uri.is_empty()) {
         validate_model_uri(&policy.model_uri)?;
