@@ -246,6 +246,9 @@ impl Mesh {
         env.push(("SLEUTH_REDIS_URL", self.redis_url.clone()));
         env.push(("SLEUTH_DATABASE_URL", format!("sqlite://{}", database.display())));
         env.push(("SLEUTH_AGENT_WORKERS", workers.join(",")));
+        // Evaluation reports beside the database, never in the checkout.
+        let reports = database.parent().map(|d| d.join("evaluations")).unwrap_or_default();
+        env.push(("SLEUTH_REPORT_DIR", reports.display().to_string()));
         let process = ServiceProcess::start("rollout-orchestrator", &env)?;
         sleuth_testkit::service::wait_serving(&process.addr, "sleuth.rollout.v1.RolloutOrchestrator").await?;
         let client = OrchestratorClient::new(connect(&process.addr, None, Duration::from_secs(5)).await?);

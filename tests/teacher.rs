@@ -136,9 +136,16 @@ async fn an_sft_run_imitates_the_teachers_best_episodes_from_one_spec() -> Resul
         max_epochs: 1,
         rollout_max_concurrency: 4,
         max_staleness: 1,
+        validation: Some(rollout::TaskSet {
+            source_uri: scratch.path().join("synth").display().to_string(),
+            collection: "synth".into(),
+            split: "validation".into(),
+            limit: 0,
+        }),
         training: Some(rollout::TrainingSpec {
             learning_rate: 1e-3,
             checkpoint_every: 2,
+            eval_every: 2,
             sft_min_reward: 0.5,
             ..Default::default()
         }),
@@ -155,6 +162,18 @@ async fn an_sft_run_imitates_the_teachers_best_episodes_from_one_spec() -> Resul
     let (exit, _) = learner.wait(std::time::Duration::from_secs(300))?;
     assert!(exit.success(), "learner exited with {exit}; log:\n{}", learner.log());
     assert!(learner.log().contains("trajectory SFT batch"), "the spec made it an SFT run");
+
+    // The policy itself (greedy, not the teacher) was validated at the start
+    // and then every 2 versions; a random policy fails every episode.
+    let versions: Vec<u64> = finished.validations.iter().map(|v| v.version).collect();
+    assert_eq!(versions.first(), Some(&0), "the untrained start is validated: {:?}", finished.validations);
+    assert!(versions.len() >= 2 && versions.windows(2).all(|w| w[1] / 2 > w[0] / 2), "{versions:?}");
+    for validation in &finished.validations {
+        assert_eq!(validation.metrics.get("ndcg@10"), Some(&0.0), "{validation:?}");
+        let report = scratch.path().join("evaluations").join(format!("{}.json", validation.evaluation_id));
+        assert!(report.is_file(), "{} missing", report.display());
+    }
+    assert!(versions.contains(&finished.best_version));
 
     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     let entries: BTreeMap<String, _> = stream.entries().into_iter().collect();
@@ -177,7 +196,7 @@ async fn an_sft_run_imitates_the_teachers_best_episodes_from_one_spec() -> Resul
     assert!(steps.len() >= 2, "{steps:?}");
     assert!(loss(steps.len() - 1) < loss(0), "the loss on the teacher's tokens falls: {steps:?}");
     eprintln!(
-        "sft: {} groups, {} trained, {} below min reward, {} steps, loss {:.3} -> {:.3}",
+        "sft: {} groups, {} trained, {} below min reward, {} steps, loss {:.3} -> {:.3}, validated versions {versions:?}",
         records.len(),
         count(Disposition::Trained),
         count(Disposition::BelowMinReward),

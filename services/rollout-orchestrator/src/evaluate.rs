@@ -120,7 +120,8 @@ impl Evaluator {
         Ok(evaluation)
     }
 
-    async fn run(
+    /// Evaluates `contender` on `tasks`; writes the report files under `id`.
+    pub(crate) async fn run(
         &self,
         id: &str,
         contender: Contender,

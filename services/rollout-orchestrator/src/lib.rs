@@ -15,6 +15,7 @@ pub mod runs;
 pub mod spec;
 pub mod state;
 pub mod tasks;
+pub mod validate;
 pub mod workers;
 
 use std::future::Future;
@@ -112,6 +113,8 @@ impl Handlers {
             .await
             .map_err(internal)?
             .ok_or_else(|| Status::not_found(format!("no run {run_id:?}")))?;
+        run.validations = self.runner.state.validations(run_id).await.map_err(internal)?;
+        run.best_version = crate::validate::best(&run.validations).unwrap_or_default();
         if let Some((progress, status)) = self.runner.progress(run_id) {
             run.progress = Some(progress);
             if status != pb::RunStatus::Running && run.status == pb::RunStatus::Running as i32 {
@@ -287,6 +290,7 @@ pub async fn run(
     let runner = Runner {
         state: state.clone(),
         redis: redis.clone(),
+        evaluator: evaluator.clone(),
         workers,
         live: Arc::new(Mutex::default()),
         incarnation,

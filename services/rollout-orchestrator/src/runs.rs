@@ -71,6 +71,8 @@ pub struct Live {
 pub struct Runner {
     pub state: State,
     pub redis: RedisStore,
+    /// Runs the validations during training (the evaluation harness).
+    pub evaluator: crate::evaluate::Evaluator,
     pub workers: Workers,
     pub live: Arc<Mutex<BTreeMap<String, Live>>>,
     /// Distinguishes this orchestrator process in episode ids: after a
@@ -168,6 +170,17 @@ impl Runner {
         // learner has published it (version 1): version 0 is whatever model
         // the policy servers started with.
         let first_version = u64::from(spec.policy.as_ref().is_some_and(|p| !p.model_uri.is_empty()));
+        let validator = crate::validate::Validator::new(
+            run_id,
+            spec,
+            first_version,
+            self.state.clone(),
+            self.redis.clone(),
+            self.evaluator.clone(),
+        )?;
+        let held = validator.as_ref().map(|v| v.held.clone()).unwrap_or_default();
+        let (trained, training_over) = watch::channel(false);
+        let validation = validator.map(|v| tokio::spawn(v.run(training_over)));
         let mut groups = tokio::task::JoinSet::new();
         'outer: for epoch in 0..epochs {
             for (index, task) in tasks.iter().enumerate() {
@@ -200,6 +213,7 @@ impl Runner {
                     });
                     if within_window(number as u64, taken, batch as u64, u64::from(spec.max_staleness))
                         && learner >= first_version
+                        && !held.load(std::sync::atomic::Ordering::SeqCst)
                     {
                         break learner;
                     }
@@ -229,6 +243,14 @@ impl Runner {
         }
         while let Some(done) = groups.join_next().await {
             done.map_err(|e| e.to_string())??;
+        }
+        // Every group is out: a validation under way finishes, then no more.
+        let _ = trained.send(true);
+        if let Some(validation) = validation {
+            if *cancelled.borrow() {
+                validation.abort();
+            }
+            let _ = validation.await;
         }
         Ok(())
     }

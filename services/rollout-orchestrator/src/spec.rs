@@ -1,21 +1,34 @@
-//! Checking a run spec at `CreateRun`: every bad field named, and fields no
-//! service acts on yet refused rather than accepted and ignored.
+//! Checking a run spec at `CreateRun`: every bad field named, and fields
+//! that only make sense together (a validation set and its interval, a
+//! reward threshold and a teacher) refused alone rather than ignored.
 
 use sleuth_proto::rollout::v1 as pb;
 
+use sleuth_proto::common::v1::Task;
+
 use crate::tasks;
 
-/// Refuses the spec fields no service acts on yet, instead of accepting and
-/// ignoring them: no validation runs during training, so a spec that sets
-/// these would promise what the run does not do.
-fn reject_unhonoured(spec: &pb::RunSpec) -> Result<(), String> {
-    let unhonoured =
-        |field: &str, why: &str| Err(format!("{field} is not supported yet: {why}; remove it from the spec"));
-    if spec.training.as_ref().is_some_and(|t| t.eval_every > 0) {
-        return unhonoured("spec.training.eval_every", "no evaluation runs during training; run `sleuth eval`");
+/// Validation during training needs both a validation set and an interval,
+/// and a validation set that shares no question with the training set.
+fn validate_validation(spec: &pb::RunSpec, train: &[Task]) -> Result<(), String> {
+    let eval_every = spec.training.as_ref().map_or(0, |t| t.eval_every);
+    let Some(set) = &spec.validation else {
+        if eval_every > 0 {
+            return Err("spec.training.eval_every needs spec.validation (the task set to evaluate on)".into());
+        }
+        return Ok(());
+    };
+    if eval_every == 0 {
+        return Err("spec.validation needs spec.training.eval_every (validate every this many versions)".into());
     }
-    if spec.validation.is_some() {
-        return unhonoured("spec.validation", "no evaluation runs during training; run `sleuth eval` on a checkpoint");
+    let validation = tasks::load(set, "spec.validation")?;
+    let trained: std::collections::HashSet<(&str, &str)> =
+        train.iter().map(|t| (t.collection.as_str(), t.task_id.as_str())).collect();
+    if let Some(shared) = validation.iter().find(|t| trained.contains(&(t.collection.as_str(), t.task_id.as_str()))) {
+        return Err(format!(
+            "spec.validation shares question {:?} with spec.train: validation must be held out (another split)",
+            shared.task_id
+        ));
     }
     Ok(())
 }
@@ -61,7 +74,6 @@ pub fn validate(spec: &pb::RunSpec) -> Result<(), String> {
         return Err("spec.rollout_max_concurrency must be at least 1".into());
     }
     let train = spec.train.as_ref().ok_or("spec.train is required")?;
-    reject_unhonoured(spec)?;
     let teacher = match &spec.agent {
         Some(agent) => agent::teacher::TeacherSpec::parse(&agent.teacher).map_err(|e| format!("spec.agent.{e}"))?,
         None => None,
@@ -84,8 +96,9 @@ pub fn validate(spec: &pb::RunSpec) -> Result<(), String> {
         sleuth_metrics::reward::NdcgReward::with_penalties(&reward.outcome_penalties.clone().into_iter().collect())
             .map_err(|e| format!("spec.reward.{e}"))?;
     }
-    // Last: it reads the task set.
-    tasks::load(train, "spec.train")?;
+    // Last: they read the task sets.
+    let train = tasks::load(train, "spec.train")?;
+    validate_validation(spec, &train)?;
     Ok(())
 }
 
@@ -108,24 +121,49 @@ mod tests {
     }
 
     #[test]
+    fn validation_needs_its_interval_and_held_out_questions() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("qrels")).unwrap();
+        std::fs::write(dir.path().join("corpus.jsonl"), r#"{"_id": "d", "text": "x"}"#).unwrap();
+        std::fs::write(
+            dir.path().join("queries.jsonl"),
+            "{\"_id\": \"q1\", \"text\": \"a\"}\n{\"_id\": \"q2\", \"text\": \"b\"}",
+        )
+        .unwrap();
+        for (split, queries) in [("train", "q1"), ("dev", "q2"), ("mixed", "q1")] {
+            std::fs::write(dir.path().join(format!("qrels/{split}.tsv")), format!("{queries}\td\t1\n")).unwrap();
+        }
+        let set = |split: &str| pb::TaskSet {
+            source_uri: dir.path().display().to_string(),
+            collection: "c".into(),
+            split: split.into(),
+            limit: 0,
+        };
+        let spec = |validation: Option<&str>, eval_every| pb::RunSpec {
+            group_size: 1,
+            global_batch_size: 1,
+            rollout_max_concurrency: 1,
+            train: Some(set("train")),
+            validation: validation.map(set),
+            training: Some(pb::TrainingSpec { eval_every, ..Default::default() }),
+            ..Default::default()
+        };
+        assert_eq!(validate(&spec(Some("dev"), 2)), Ok(()));
+        assert_eq!(validate(&spec(None, 0)), Ok(()));
+        assert!(validate(&spec(None, 2)).unwrap_err().contains("spec.training.eval_every needs spec.validation"));
+        assert!(
+            validate(&spec(Some("dev"), 0)).unwrap_err().contains("spec.validation needs spec.training.eval_every")
+        );
+        assert!(validate(&spec(Some("mixed"), 2)).unwrap_err().contains("shares question \"q1\""));
+    }
+
+    #[test]
     fn start_models_are_absolute_paths_or_s3() {
         assert_eq!(validate_model_uri("/models/sft"), Ok(()));
         assert_eq!(validate_model_uri("file:///models/sft"), Ok(()));
         assert_eq!(validate_model_uri("s3://bucket/runs/sft/step-00000010/hf"), Ok(()));
         assert!(validate_model_uri("models/sft").unwrap_err().contains("absolute"));
         assert!(validate_model_uri("s3:///x").unwrap_err().contains("no bucket"));
-    }
-
-    #[test]
-    fn fields_nothing_honours_are_rejected_by_name() {
-        let eval_every = pb::RunSpec {
-            training: Some(pb::TrainingSpec { eval_every: 5, ..Default::default() }),
-            ..Default::default()
-        };
-        assert!(reject_unhonoured(&eval_every).unwrap_err().contains("spec.training.eval_every"));
-        let validation = pb::RunSpec { validation: Some(pb::TaskSet::default()), ..Default::default() };
-        assert!(reject_unhonoured(&validation).unwrap_err().contains("spec.validation"));
-        assert_eq!(reject_unhonoured(&pb::RunSpec::default()), Ok(()));
     }
 
     #[test]

@@ -1,13 +1,13 @@
 //! Run state in SQL (SQLite by default, PostgreSQL when configured; the same
-//! DDL serves both): runs with their specs and status, published groups, and
-//! per-episode summaries.
+//! DDL serves both): runs with their specs and status, published groups,
+//! per-episode summaries and validations.
 
 use prost::Message;
-use sleuth_proto::rollout::v1::{Run, RunSpec, RunStatus};
+use sleuth_proto::rollout::v1::{Run, RunSpec, RunStatus, Validation};
 use sleuth_store::{Database, StoreError};
 use sqlx::Row;
 
-const SCHEMA: [&str; 3] = [
+const SCHEMA: [&str; 4] = [
     "CREATE TABLE IF NOT EXISTS runs (
         run_id TEXT PRIMARY KEY,
         spec TEXT NOT NULL,
@@ -36,6 +36,13 @@ const SCHEMA: [&str; 3] = [
         tokens BIGINT NOT NULL,
         policy_version BIGINT NOT NULL,
         PRIMARY KEY (run_id, episode_id)
+    )",
+    "CREATE TABLE IF NOT EXISTS run_validations (
+        run_id TEXT NOT NULL,
+        version BIGINT NOT NULL,
+        evaluation_id TEXT NOT NULL,
+        metrics TEXT NOT NULL,
+        PRIMARY KEY (run_id, version)
     )",
 ];
 
@@ -113,7 +120,10 @@ impl State {
             status_detail: row.try_get("detail")?,
             created_at: Some(prost_types::Timestamp { seconds: created, nanos: 0 }),
             updated_at: Some(prost_types::Timestamp { seconds: updated, nanos: 0 }),
+            // Filled in by the handler that serves the run.
             progress: None,
+            validations: Vec::new(),
+            best_version: 0,
         })
     }
 
@@ -203,5 +213,43 @@ impl State {
         .await
         .map_err(|e| self.error(e))?;
         Ok(())
+    }
+
+    /// Records the validation of `run_id` at `version` (a repeat replaces it).
+    pub async fn record_validation(&self, run_id: &str, validation: &Validation) -> Result<(), StoreError> {
+        let metrics = serde_json::to_string(&validation.metrics).unwrap_or_default();
+        sqlx::query(
+            "INSERT INTO run_validations (run_id, version, evaluation_id, metrics) VALUES ($1, $2, $3, $4)
+             ON CONFLICT (run_id, version) DO UPDATE SET evaluation_id = excluded.evaluation_id, metrics = excluded.metrics",
+        )
+        .bind(run_id)
+        .bind(validation.version as i64)
+        .bind(&validation.evaluation_id)
+        .bind(metrics)
+        .execute(self.db.pool())
+        .await
+        .map_err(|e| self.error(e))?;
+        Ok(())
+    }
+
+    /// The validations of `run_id`, oldest version first.
+    pub async fn validations(&self, run_id: &str) -> Result<Vec<Validation>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT version, evaluation_id, metrics FROM run_validations WHERE run_id = $1 ORDER BY version",
+        )
+        .bind(run_id)
+        .fetch_all(self.db.pool())
+        .await
+        .map_err(|e| self.error(e))?;
+        rows.iter()
+            .map(|row| {
+                let metrics: String = row.try_get("metrics").map_err(|e| self.error(e))?;
+                Ok(Validation {
+                    version: row.try_get::<i64, _>("version").map_err(|e| self.error(e))? as u64,
+                    evaluation_id: row.try_get("evaluation_id").map_err(|e| self.error(e))?,
+                    metrics: serde_json::from_str(&metrics).unwrap_or_default(),
+                })
+            })
+            .collect()
     }
 }

@@ -1,0 +1,156 @@
+//! Validation during training: whenever the learner's version enters a new
+//! multiple of `training.eval_every` (and at the run's first version, the
+//! untrained start), the run evaluates the served policy on its validation
+//! set with the evaluation harness (greedy, no teacher: the policy itself),
+//! and records nDCG@10, reward, failure rates, turns and tokens per version.
+//! New training groups wait while it runs, so the version stays put (at most
+//! the step already in flight completes). The best version is the one with
+//! the highest validation nDCG@10, never the highest training reward:
+//! policies trained this way over-optimise late in a run.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use sleuth_metrics::reward::NdcgReward;
+use sleuth_proto::common::v1::{SamplingParams, Task};
+use sleuth_proto::rollout::v1::{EvaluateRequest, RunSpec, Validation};
+use sleuth_store::trajectories;
+use tokio::sync::watch;
+
+use crate::evaluate::{Contender, Evaluator};
+use crate::state::State;
+
+/// How often the validator looks at the learner's version.
+const POLL: Duration = Duration::from_millis(500);
+
+/// The validated version with the highest nDCG@10 (the earliest of equals).
+pub fn best(validations: &[Validation]) -> Option<u64> {
+    let ndcg = |v: &Validation| v.metrics.get("ndcg@10").copied().unwrap_or(f64::MIN);
+    validations
+        .iter()
+        .fold(None, |best: Option<&Validation>, v| match best {
+            Some(b) if ndcg(b) >= ndcg(v) => Some(b),
+            _ => Some(v),
+        })
+        .map(|v| v.version)
+}
+
+/// Validates one run's policy as it trains.
+pub struct Validator {
+    run_id: String,
+    tasks: Vec<Task>,
+    request: EvaluateRequest,
+    reward: NdcgReward,
+    eval_every: u64,
+    /// The run's first version (1 with a start model of its own, else 0).
+    first_version: u64,
+    /// Set while a validation runs: the run starts no training group.
+    pub held: Arc<AtomicBool>,
+    state: State,
+    redis: sleuth_store::RedisStore,
+    evaluator: Evaluator,
+}
+
+impl Validator {
+    /// The validator of `spec`'s run, or `None` when it names no validation.
+    pub fn new(
+        run_id: &str,
+        spec: &RunSpec,
+        first_version: u64,
+        state: State,
+        redis: sleuth_store::RedisStore,
+        evaluator: Evaluator,
+    ) -> Result<Option<Self>, String> {
+        let eval_every = spec.training.as_ref().map_or(0, |t| u64::from(t.eval_every));
+        let Some(set) = spec.validation.clone().filter(|_| eval_every > 0) else { return Ok(None) };
+        let tasks = crate::tasks::load(&set, "spec.validation")?;
+        let mut agent = spec.agent.clone().unwrap_or_default();
+        agent.teacher.clear(); // the policy is judged, not the teacher that wrote its data
+        agent.sampling = Some(SamplingParams { temperature: Some(0.0), ..agent.sampling.unwrap_or_default() });
+        let request = EvaluateRequest {
+            policy: None,
+            tasks: Some(set),
+            agent: Some(agent),
+            samples_per_task: 1,
+            reward: spec.reward.clone(),
+        };
+        let reward = NdcgReward::with_penalties(
+            &spec.reward.as_ref().map(|r| r.outcome_penalties.clone().into_iter().collect()).unwrap_or_default(),
+        )?;
+        Ok(Some(Self {
+            run_id: run_id.to_owned(),
+            tasks,
+            request,
+            reward,
+            eval_every,
+            first_version,
+            held: Arc::default(),
+            state,
+            redis,
+            evaluator,
+        }))
+    }
+
+    /// Validates each due version until `done` turns true (a validation in
+    /// progress finishes first). A failed validation is logged and retried
+    /// at the next version; it never fails the run.
+    pub async fn run(self, mut done: watch::Receiver<bool>) {
+        let mut last = match self.state.validations(&self.run_id).await {
+            Ok(validations) => validations.last().map(|v| v.version),
+            Err(error) => {
+                tracing::warn!(run = %self.run_id, %error, "cannot read earlier validations");
+                None
+            }
+        };
+        while !*done.borrow() {
+            match trajectories::learner_version(&self.redis, &self.run_id).await {
+                Ok(version) if self.due(version, last) => {
+                    self.held.store(true, Ordering::SeqCst);
+                    match self.validate(version).await {
+                        Ok(()) => last = Some(version),
+                        Err(error) => tracing::error!(run = %self.run_id, version, %error, "validation failed"),
+                    }
+                    self.held.store(false, Ordering::SeqCst);
+                }
+                Ok(_) => {}
+                Err(error) => tracing::warn!(run = %self.run_id, %error, "cannot read the learner's version"),
+            }
+            tokio::select! {
+                () = tokio::time::sleep(POLL) => {}
+                _ = done.changed() => {}
+            }
+        }
+    }
+
+    /// The run's first version, then one per multiple of `eval_every`.
+    fn due(&self, version: u64, last: Option<u64>) -> bool {
+        version >= self.first_version && last.is_none_or(|last| version / self.eval_every > last / self.eval_every)
+    }
+
+    async fn validate(&self, version: u64) -> Result<(), String> {
+        let id = format!("{}-validation-v{version}", self.run_id);
+        tracing::info!(run = %self.run_id, version, tasks = self.tasks.len(), "validating");
+        let metrics =
+            self.evaluator.run(&id, Contender::Policy, self.tasks.clone(), &self.request, &self.reward).await?;
+        tracing::info!(run = %self.run_id, version, ndcg = metrics.get("ndcg@10").copied().unwrap_or_default(), "validated");
+        let validation = Validation { version, metrics, evaluation_id: id };
+        self.state.record_validation(&self.run_id, &validation).await.map_err(|e| e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_best_version_has_the_highest_validation_ndcg() {
+        let at = |version, ndcg| Validation {
+            version,
+            metrics: [("ndcg@10".to_owned(), ndcg)].into(),
+            evaluation_id: String::new(),
+        };
+        assert_eq!(best(&[]), None);
+        assert_eq!(best(&[at(0, 0.2), at(4, 0.5), at(8, 0.4), at(12, 0.5)]), Some(4), "the earliest of equals");
+    }
+}
