@@ -1,7 +1,8 @@
 //! Support for rollout tests and benchmarks: a small BEIR collection, tiny
-//! policies imprinted to always search or always submit, and a mesh of real
+//! policies imprinted to always search or always submit, a mesh of real
 //! service processes (tool gateway, policy server, inference gateway, agent
-//! workers, orchestrator) around them.
+//! workers, orchestrator) around them ([`mesh`]), and ways to watch a run
+//! ([`stream`]).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -10,11 +11,16 @@ use anyhow::{Context, Result};
 use sleuth_kit::client::{MeshChannel, connect};
 use sleuth_proto::agent::v1::agent_client::AgentClient;
 use sleuth_proto::agent::v1::{AgentConfig, RunEpisodeRequest};
-use sleuth_proto::common::v1::{AgentBudget, Episode, SamplingParams, Task, TrajectoryGroup};
+use sleuth_proto::common::v1::{AgentBudget, Episode, SamplingParams, Task};
 use sleuth_proto::rollout::v1 as rollout;
-use sleuth_proto::rollout::v1::rollout_orchestrator_client::RolloutOrchestratorClient as OrchestratorClient;
 
 use crate::ServiceProcess;
+
+mod mesh;
+mod stream;
+
+pub use mesh::Mesh;
+pub use stream::*;
 
 pub const SEARCH: &str = r#"<tool_call>[{"name": "bm25_search", "arguments": {"query": "rain clouds"}}]</tool_call>"#;
 pub const SUBMIT: &str =
@@ -145,152 +151,6 @@ pub fn imprint_cached(smollm2: &Path, replies: &[&str], tools: &[serde_json::Val
     Ok(dir)
 }
 
-/// One policy behind an inference gateway, the tool gateway, and agent workers.
-pub struct Mesh {
-    pub tools: ServiceProcess,
-    pub policy: ServiceProcess,
-    pub gateway: ServiceProcess,
-    pub agents: Vec<ServiceProcess>,
-    pub redis_url: String,
-    /// The mesh's Redis (persistent with [`Mesh::persistent`], so it can restart).
-    pub redis: sleuth_testkit::TestServer,
-    /// The policy's model directory (the learner starts from it).
-    pub model: PathBuf,
-}
-
-impl Mesh {
-    pub fn start(model: &Path, index: &Path) -> Result<Self> {
-        Self::with_agents(model, index, 1)
-    }
-
-    pub fn with_agents(model: &Path, index: &Path, agents: usize) -> Result<Self> {
-        Self::on_redis(sleuth_testkit::redis()?, model, ("weather", index), agents)
-    }
-
-    /// [`Mesh::with_agents`] on a Redis with append-only persistence, which
-    /// `mesh.redis.restart()` brings back with everything it acknowledged.
-    pub fn persistent(model: &Path, index: &Path, agents: usize) -> Result<Self> {
-        Self::on_redis(sleuth_testkit::redis_persistent()?, model, ("weather", index), agents)
-    }
-
-    /// A mesh whose tool gateway serves the collection `name` from `index`.
-    pub fn with_collection(model: &Path, name: &str, index: &Path, agents: usize) -> Result<Self> {
-        Self::on_redis(sleuth_testkit::redis()?, model, (name, index), agents)
-    }
-
-    fn on_redis(
-        redis: sleuth_testkit::TestServer,
-        model: &Path,
-        (collection, index): (&str, &Path),
-        agents: usize,
-    ) -> Result<Self> {
-        let redis_url = sleuth_testkit::redis_url(&redis);
-        let tools = ServiceProcess::start(
-            "tool-gateway",
-            &[
-                ("SLEUTH_COLLECTIONS", format!("{collection}={}", index.display())),
-                ("SLEUTH_INDEX_ROOT", index.display().to_string()),
-            ],
-        )?;
-        let policy = policy_server(model, "127.0.0.1:0")?;
-        let gateway = ServiceProcess::start(
-            "inference-gateway",
-            &[
-                ("SLEUTH_MODEL", model.display().to_string()),
-                ("SLEUTH_REDIS_URL", redis_url.clone()),
-                ("SLEUTH_POLICY_SERVERS", policy.addr.clone()),
-                ("SLEUTH_HTTP_LISTEN", "127.0.0.1:0".into()),
-            ],
-        )?;
-        let mut mesh = Self { tools, policy, gateway, agents: Vec::new(), redis_url, redis, model: model.to_owned() };
-        mesh.agents = (0..agents).map(|_| mesh.agent(&[])).collect::<Result<Vec<_>>>()?;
-        Ok(mesh)
-    }
-
-    /// Kills the policy server and starts a new one on the same address: it
-    /// comes back on the base weights, as version 0.
-    pub fn restart_policy(&mut self) -> Result<()> {
-        self.policy.kill()?;
-        self.policy = policy_server(&self.model, &self.policy.addr)?;
-        Ok(())
-    }
-
-    /// Another agent worker on this mesh's gateways, with `env` on top.
-    pub fn agent(&self, env: &[(&str, String)]) -> Result<ServiceProcess> {
-        let mut env = env.to_vec();
-        env.push(("SLEUTH_INFERENCE_GATEWAY", self.gateway.addr.clone()));
-        env.push(("SLEUTH_TOOL_GATEWAY", self.tools.addr.clone()));
-        ServiceProcess::start("agent", &env)
-    }
-
-    pub async fn client(&self) -> Result<AgentClient<MeshChannel>> {
-        for agent in &self.agents {
-            sleuth_testkit::service::wait_serving(&agent.addr, "sleuth.agent.v1.Agent").await?;
-        }
-        Ok(AgentClient::new(connect(&self.agents[0].addr, None, Duration::from_secs(5)).await?))
-    }
-
-    /// An orchestrator over this mesh's agent workers, with its state in `database`.
-    pub async fn orchestrator(&self, database: &Path) -> Result<(ServiceProcess, OrchestratorClient<MeshChannel>)> {
-        self.orchestrator_with(database, &[]).await
-    }
-
-    /// [`Mesh::orchestrator`] with `env` on top.
-    pub async fn orchestrator_with(
-        &self,
-        database: &Path,
-        env: &[(&str, String)],
-    ) -> Result<(ServiceProcess, OrchestratorClient<MeshChannel>)> {
-        let workers: Vec<String> = self.agents.iter().map(|a| a.addr.clone()).collect();
-        let mut env = env.to_vec();
-        env.push(("SLEUTH_REDIS_URL", self.redis_url.clone()));
-        env.push(("SLEUTH_DATABASE_URL", format!("sqlite://{}", database.display())));
-        env.push(("SLEUTH_AGENT_WORKERS", workers.join(",")));
-        // Evaluation reports beside the database, never in the checkout.
-        let reports = database.parent().map(|d| d.join("evaluations")).unwrap_or_default();
-        env.push(("SLEUTH_REPORT_DIR", reports.display().to_string()));
-        let process = ServiceProcess::start("rollout-orchestrator", &env)?;
-        sleuth_testkit::service::wait_serving(&process.addr, "sleuth.rollout.v1.RolloutOrchestrator").await?;
-        let client = OrchestratorClient::new(connect(&process.addr, None, Duration::from_secs(5)).await?);
-        Ok((process, client))
-    }
-}
-
-impl Mesh {
-    /// A learner training `run` from this mesh's policy, with its training
-    /// settings from the run's spec on `orchestrator`, checkpointing under
-    /// `data`, publishing its weights to the mesh's policy server.
-    pub fn learner(&self, run: &str, data: &Path, orchestrator: &ServiceProcess) -> Result<ServiceProcess> {
-        ServiceProcess::start(
-            "learner",
-            &[
-                ("SLEUTH_RUN_ID", run.to_owned()),
-                ("SLEUTH_ORCHESTRATOR", orchestrator.addr.clone()),
-                ("SLEUTH_REDIS_URL", self.redis_url.clone()),
-                ("SLEUTH_DATABASE_URL", format!("sqlite://{}", data.join("learner.db").display())),
-                ("SLEUTH_CHECKPOINT_URI", data.join("checkpoints").display().to_string()),
-                ("SLEUTH_MODEL", self.model.display().to_string()),
-                ("SLEUTH_POLICY_SERVERS", self.policy.addr.clone()),
-                ("SLEUTH_DEVICE", "cpu".into()),
-                ("SLEUTH_DTYPE", "f32".into()),
-                ("SLEUTH_TORCH_THREADS", "1".into()),
-            ],
-        )
-    }
-}
-
-fn policy_server(model: &Path, listen: &str) -> Result<ServiceProcess> {
-    ServiceProcess::start(
-        "policy-server",
-        &[
-            ("SLEUTH_MODEL", model.display().to_string()),
-            ("SLEUTH_DEVICE", "cpu".into()),
-            ("SLEUTH_DTYPE", "f32".into()),
-            ("SLEUTH_LISTEN", listen.to_owned()),
-        ],
-    )
-}
-
 pub fn request(episode: &str, budget: AgentBudget) -> RunEpisodeRequest {
     RunEpisodeRequest {
         run_id: "test".into(),
@@ -407,110 +267,4 @@ pub fn spec(
         max_staleness: staleness,
         ..Default::default()
     }
-}
-
-/// The groups in a run's stream, decoded.
-pub async fn stream_groups(redis_url: &str, run: &str) -> Result<Vec<sleuth_proto::common::v1::TrajectoryGroup>> {
-    Ok(stream_entries(redis_url, run).await?.into_iter().map(|(_, group)| group).collect())
-}
-
-/// The entries of a run's stream: their ids and groups, in stream order.
-pub async fn stream_entries(
-    redis_url: &str,
-    run: &str,
-) -> Result<Vec<(String, sleuth_proto::common::v1::TrajectoryGroup)>> {
-    use prost::Message;
-    let client = redis::Client::open(redis_url)?;
-    let mut connection = client.get_multiplexed_async_connection().await?;
-    let reply: redis::streams::StreamRangeReply =
-        redis::AsyncCommands::xrange_all(&mut connection, sleuth_store::trajectories::stream_key(run)).await?;
-    reply
-        .ids
-        .iter()
-        .map(|entry| {
-            let bytes: Vec<u8> = entry.get(sleuth_store::trajectories::GROUP_FIELD).context("group field")?;
-            Ok((entry.id.clone(), sleuth_proto::common::v1::TrajectoryGroup::decode(bytes.as_slice())?))
-        })
-        .collect()
-}
-
-/// Records every entry that passes through a run's stream (the learner trims
-/// entries once a checkpoint holds them), polling until dropped.
-pub struct StreamRecorder {
-    seen: std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<String, TrajectoryGroup>>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl StreamRecorder {
-    pub fn start(redis_url: &str, run: &str) -> Self {
-        let seen: std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<String, TrajectoryGroup>>> =
-            std::sync::Arc::default();
-        let (url, run, into) = (redis_url.to_owned(), run.to_owned(), std::sync::Arc::clone(&seen));
-        let task = tokio::spawn(async move {
-            loop {
-                if let Ok(entries) = stream_entries(&url, &run).await {
-                    into.lock().unwrap().extend(entries);
-                }
-                tokio::time::sleep(Duration::from_millis(25)).await;
-            }
-        });
-        Self { seen, task }
-    }
-
-    /// Every entry seen so far, in stream order.
-    pub fn entries(&self) -> Vec<(String, TrajectoryGroup)> {
-        let mut entries: Vec<_> = self.seen.lock().unwrap().clone().into_iter().collect();
-        entries.sort_by_key(|(id, _)| id.parse::<sleuth_store::trajectories::EntryId>().unwrap_or_default());
-        entries
-    }
-}
-
-impl Drop for StreamRecorder {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-pub async fn in_flight(agents: &[ServiceProcess]) -> Result<i64> {
-    let mut total = 0;
-    for agent in agents {
-        let metrics = reqwest_metrics(&agent.addr).await?;
-        total += metrics
-            .lines()
-            .find_map(|l| l.strip_prefix("sleuth_agent_episodes_in_flight "))
-            .and_then(|v| v.trim().parse::<i64>().ok())
-            .unwrap_or(0);
-    }
-    Ok(total)
-}
-
-/// GET /metrics over plain HTTP/1.1.
-pub async fn reqwest_metrics(addr: &str) -> Result<String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(addr).await?;
-    stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await?;
-    let mut text = String::new();
-    stream.read_to_string(&mut text).await?;
-    Ok(text)
-}
-
-pub async fn wait_for(
-    client: &mut OrchestratorClient<MeshChannel>,
-    run: &str,
-    limit: Duration,
-    done: impl Fn(&rollout::Run) -> bool,
-) -> Result<rollout::Run> {
-    let deadline = std::time::Instant::now() + limit;
-    loop {
-        let state = client.get_run(rollout::GetRunRequest { run_id: run.into() }).await?.into_inner();
-        if done(&state) {
-            return Ok(state);
-        }
-        anyhow::ensure!(std::time::Instant::now() < deadline, "run {run} not there after {limit:?}: {state:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-pub fn published(run: &rollout::Run) -> u64 {
-    run.progress.as_ref().map_or(0, |p| p.groups_published)
 }

@@ -15,6 +15,7 @@ pub mod checkpoint;
 pub mod collective;
 pub mod config;
 pub mod imprint;
+pub mod intake;
 pub mod learn;
 pub mod loss;
 pub mod publish;

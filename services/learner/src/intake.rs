@@ -1,0 +1,172 @@
+//! What the learner takes off the run's stream: each entry's fate (trained,
+//! or dropped as stale, flat, below the SFT reward threshold or corrupt),
+//! the tally of the step being formed, reading entries (and those a lost
+//! reply delivered), acknowledging exactly the trained ones, and announcing
+//! its progress to the orchestrator.
+
+use prost::Message;
+use sleuth_proto::common::v1::TrajectoryGroup;
+use sleuth_store::patiently;
+use sleuth_store::trajectories::{self, Entry, EntryId, GroupConsumer};
+
+use crate::Error;
+use crate::batch::{self, Sample};
+use crate::checkpoint::Meta;
+use crate::learn::{Plan, Sources};
+use crate::records::{Disposition, GroupRecord};
+
+/// What forming one step did with the entries it took. It reaches the
+/// checkpoint's counters and stream position only once the step has trained:
+/// a step abandoned at shutdown is formed again from the same entries (still
+/// pending in the stream) after the restart, and must not count twice.
+#[derive(Debug, Default)]
+pub(crate) struct Tally {
+    /// What became of each group taken, in stream order.
+    pub(crate) groups: Vec<GroupRecord>,
+    /// The step's last entry: the checkpoint's stream position once trained.
+    pub(crate) last: Option<EntryId>,
+}
+
+impl Tally {
+    pub(crate) fn count(&self, disposition: Disposition) -> u64 {
+        self.groups.iter().filter(|g| g.disposition == disposition).count() as u64
+    }
+
+    pub(crate) fn trained(&self) -> u64 {
+        self.count(Disposition::Trained)
+    }
+
+    pub(crate) fn groups(&self) -> u64 {
+        self.groups.len() as u64
+    }
+
+    /// Adds the step's counts to `meta`; returns the groups' records.
+    pub(crate) fn apply(self, meta: &mut Meta) -> Vec<GroupRecord> {
+        meta.groups_consumed += self.trained();
+        meta.groups_dropped_stale += self.count(Disposition::Stale);
+        meta.groups_filtered += self.count(Disposition::Flat) + self.count(Disposition::BelowMinReward);
+        meta.groups_rejected += self.count(Disposition::Rejected);
+        if let Some(last) = self.last {
+            meta.stream_position = last.to_string();
+        }
+        self.groups
+    }
+}
+
+/// Tells the orchestrator (through Redis) the version now served and how
+/// many groups the learner is done with: its staleness window moves on.
+pub(crate) async fn announce(sources: &Sources, run_id: &str, version: u64, taken: u64) -> Result<(), Error> {
+    patiently("announcing the learner's version", sources.patience, || {
+        trajectories::set_learner_version(&sources.redis, run_id, version)
+    })
+    .await?;
+    patiently("announcing the groups taken", sources.patience, || {
+        trajectories::set_groups_taken(&sources.redis, run_id, taken)
+    })
+    .await?;
+    Ok(())
+}
+
+/// Up to `count` new entries for this consumer. A read whose reply was lost
+/// (Redis went away mid-answer) still delivered its entries to us, pending:
+/// after a failed read the pending entries not in `known` are taken instead,
+/// or they would wait for the next restart.
+pub(crate) async fn read_fresh(
+    consumer: &GroupConsumer,
+    count: usize,
+    known: &[EntryId],
+    patience: std::time::Duration,
+) -> Result<Vec<Entry>, Error> {
+    match consumer.read_new(count).await {
+        Ok(fresh) => Ok(fresh),
+        Err(error) => {
+            tracing::warn!(%error, "reading the run's stream failed; taking what was delivered");
+            let mut pending = patiently("reclaiming pending entries", patience, || consumer.reclaim_pending()).await?;
+            pending.retain(|e| !known.contains(&e.id));
+            pending.sort_by_key(|e| e.id);
+            Ok(pending)
+        }
+    }
+}
+
+/// Acknowledges the entries inside the checkpoint `meta` describes (those up
+/// to its stream position) and keeps read-ahead ones, which no step has
+/// trained yet: acknowledging those would lose them in a crash.
+pub(crate) async fn commit_trained(
+    consumer: &GroupConsumer,
+    uncommitted: &mut Vec<EntryId>,
+    meta: &Meta,
+    patience: std::time::Duration,
+) -> Result<(), Error> {
+    let Ok(position) = meta.stream_position.parse::<EntryId>() else { return Ok(()) };
+    let (trained, ahead): (Vec<EntryId>, Vec<EntryId>) = uncommitted.iter().partition(|id| **id <= position);
+    patiently("acknowledging trained entries", patience, || consumer.commit(&trained)).await?;
+    *uncommitted = ahead;
+    Ok(())
+}
+
+/// Turns one entry into samples for the step after `version` (none when the
+/// group is dropped) and the record of what became of it.
+pub(crate) fn take_group(entry: &Entry, plan: &Plan, version: u64) -> (Vec<Sample>, GroupRecord) {
+    let mut record = GroupRecord {
+        entry_id: entry.id.to_string(),
+        group_id: String::new(),
+        step: version + 1,
+        disposition: Disposition::Rejected,
+        detail: String::new(),
+        token_version: 0,
+    };
+    let rejected = |mut record: GroupRecord, why: String| {
+        record.detail = why;
+        (Vec::new(), record)
+    };
+    let Some(payload) = &entry.payload else { return rejected(record, "entry has no group field".into()) };
+    let group = match TrajectoryGroup::decode(payload.as_slice()) {
+        Ok(group) => group,
+        Err(e) => return rejected(record, format!("not a TrajectoryGroup: {e}")),
+    };
+    record.group_id.clone_from(&group.group_id);
+    // Staleness of the tokens themselves (the versions the gateway recorded
+    // for each sampled token), not of the label the orchestrator gave the group
+    // when it started: an episode can outlive several weight updates.
+    record.token_version = batch::oldest_token_version(&group);
+    if plan.sft {
+        // A teacher's episodes are off-policy by design: no staleness, a reward threshold.
+        let kept = TrajectoryGroup {
+            episodes: group.episodes.iter().filter(|e| e.reward >= plan.sft_min_reward).cloned().collect(),
+            ..group.clone()
+        };
+        if kept.episodes.is_empty() {
+            record.disposition = Disposition::BelowMinReward;
+            record.detail = format!("no episode rewarded at least sft_min_reward {}", plan.sft_min_reward);
+            return (Vec::new(), record);
+        }
+        return match batch::sft_samples(&kept) {
+            Ok(samples) => {
+                record.disposition = Disposition::Trained;
+                (samples, record)
+            }
+            Err(e) => rejected(record, e.to_string()),
+        };
+    }
+    if version.saturating_sub(record.token_version) > plan.max_staleness {
+        record.disposition = Disposition::Stale;
+        record.detail = format!(
+            "tokens sampled by version {}, learner at {version}, max_staleness {}",
+            record.token_version, plan.max_staleness
+        );
+        return (Vec::new(), record);
+    }
+    match batch::samples(&group, plan.estimator) {
+        Ok(Some(samples)) => {
+            record.disposition = Disposition::Trained;
+            (samples, record)
+        }
+        Ok(None) => {
+            record.disposition = Disposition::Flat;
+            record.detail = "every episode has the same reward".into();
+            (Vec::new(), record)
+        }
+        Err(e) => rejected(record, e.to_string()),
+    }
+}
