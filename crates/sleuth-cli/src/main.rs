@@ -4,6 +4,7 @@ mod ask;
 mod data;
 mod health;
 mod model;
+mod report;
 mod run_spec;
 mod runs;
 mod search;

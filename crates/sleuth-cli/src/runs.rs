@@ -42,6 +42,13 @@ pub enum RunCommand {
     },
     /// Print a run's status and progress.
     Status { run_id: String },
+    /// Print a run's learning curve: training reward and validation per policy version.
+    Report {
+        run_id: String,
+        /// Also write the rows as CSV here (for plotting).
+        #[arg(long)]
+        csv: Option<PathBuf>,
+    },
     /// Follow a run's progress until it ends.
     Watch { run_id: String },
     /// Cancel a run.
@@ -182,6 +189,17 @@ pub async fn run(args: RunArgs) -> anyhow::Result<i32> {
         }
         RunCommand::Status { run_id } => {
             print_run(&client.get_run(pb::GetRunRequest { run_id }).await.map_err(rpc)?.into_inner());
+            Ok(0)
+        }
+        RunCommand::Report { run_id, csv } => {
+            let run = client.get_run(pb::GetRunRequest { run_id }).await.map_err(rpc)?.into_inner();
+            print_run(&run);
+            print!("{}", crate::report::table(&run));
+            if let Some(path) = csv {
+                std::fs::write(&path, crate::report::csv(&run))
+                    .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+                println!("rows written to {}", path.display());
+            }
             Ok(0)
         }
         RunCommand::Watch { run_id } => watch(&mut client, &run_id).await,

@@ -115,6 +115,7 @@ impl Handlers {
             .ok_or_else(|| Status::not_found(format!("no run {run_id:?}")))?;
         run.validations = self.runner.state.validations(run_id).await.map_err(internal)?;
         run.best_version = crate::validate::best(&run.validations).unwrap_or_default();
+        run.training = self.runner.state.training_stats(run_id).await.map_err(internal)?;
         if let Some((progress, status)) = self.runner.progress(run_id) {
             run.progress = Some(progress);
             if status != pb::RunStatus::Running && run.status == pb::RunStatus::Running as i32 {

@@ -3,7 +3,7 @@
 //! per-episode summaries and validations.
 
 use prost::Message;
-use sleuth_proto::rollout::v1::{Run, RunSpec, RunStatus, Validation};
+use sleuth_proto::rollout::v1::{Run, RunSpec, RunStatus, Validation, VersionStats};
 use sleuth_store::{Database, StoreError};
 use sqlx::Row;
 
@@ -124,6 +124,7 @@ impl State {
             progress: None,
             validations: Vec::new(),
             best_version: 0,
+            training: Vec::new(),
         })
     }
 
@@ -251,5 +252,36 @@ impl State {
                 })
             })
             .collect()
+    }
+
+    /// The run's training episodes per policy version, oldest version first.
+    pub async fn training_stats(&self, run_id: &str) -> Result<Vec<VersionStats>, StoreError> {
+        // Averages cast to double: PostgreSQL averages integers as NUMERIC.
+        let rows = sqlx::query(
+            "SELECT policy_version, COUNT(*) AS episodes,
+                    CAST(AVG(reward) AS DOUBLE PRECISION) AS reward,
+                    CAST(AVG(ndcg) AS DOUBLE PRECISION) AS ndcg,
+                    CAST(AVG(CASE WHEN outcome = $2 THEN 0.0 ELSE 1.0 END) AS DOUBLE PRECISION) AS failures,
+                    CAST(AVG(CAST(turns AS DOUBLE PRECISION)) AS DOUBLE PRECISION) AS turns
+             FROM run_episodes WHERE run_id = $1 GROUP BY policy_version ORDER BY policy_version",
+        )
+        .bind(run_id)
+        .bind(sleuth_proto::common::v1::EpisodeOutcome::Completed as i32)
+        .fetch_all(self.db.pool())
+        .await
+        .map_err(|e| self.error(e))?;
+        rows.iter()
+            .map(|row| {
+                Ok(VersionStats {
+                    version: row.try_get::<i64, _>("policy_version")? as u64,
+                    episodes: row.try_get::<i64, _>("episodes")? as u64,
+                    reward_mean: row.try_get("reward")?,
+                    ndcg_mean: row.try_get("ndcg")?,
+                    failure_rate: row.try_get("failures")?,
+                    turns_mean: row.try_get("turns")?,
+                })
+            })
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(|e| self.error(e))
     }
 }

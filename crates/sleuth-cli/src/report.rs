@@ -1,0 +1,124 @@
+//! `sleuth run report RUN`: a run's learning curve as one table, per policy
+//! version: the training episodes it sampled (reward, nDCG@10, failures) and
+//! its validation (nDCG@10, reward, failure rate, turns), the best validated
+//! version marked. `--csv` writes the same rows for plotting.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use sleuth_proto::rollout::v1 as pb;
+
+/// One version's row: training and validation side by side (either may be missing).
+struct Row<'a> {
+    training: Option<&'a pb::VersionStats>,
+    validation: Option<&'a pb::Validation>,
+}
+
+fn rows(run: &pb::Run) -> BTreeMap<u64, Row<'_>> {
+    let mut rows: BTreeMap<u64, Row<'_>> = BTreeMap::new();
+    for stats in &run.training {
+        rows.entry(stats.version).or_insert(Row { training: None, validation: None }).training = Some(stats);
+    }
+    for validation in &run.validations {
+        rows.entry(validation.version).or_insert(Row { training: None, validation: None }).validation =
+            Some(validation);
+    }
+    rows
+}
+
+/// Failures of a validation: the share of episodes by every non-completed outcome.
+fn failure_rate(validation: &pb::Validation) -> f64 {
+    // A fold from +0.0: an empty f64 sum is -0.0, which prints as "-0".
+    validation.metrics.iter().filter(|(name, _)| name.starts_with("failure_rate:")).fold(0.0, |sum, (_, v)| sum + v)
+}
+
+/// The table `sleuth run report` prints.
+pub fn table(run: &pb::Run) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:>8}  {:>8} {:>8} {:>8} {:>8}  {:>9} {:>8} {:>8} {:>6}",
+        "version", "episodes", "reward", "nDCG@10", "failures", "val nDCG", "val rew", "val fail", "turns"
+    );
+    let number = |value: Option<f64>| value.map_or_else(|| "-".to_owned(), |v| format!("{v:.3}"));
+    for (version, row) in rows(run) {
+        let t = row.training;
+        let v = row.validation;
+        let best = if v.is_some() && version == run.best_version { " *" } else { "" };
+        let _ = writeln!(
+            out,
+            "{version:>8}  {:>8} {:>8} {:>8} {:>8}  {:>9} {:>8} {:>8} {:>6}{best}",
+            t.map_or_else(|| "-".to_owned(), |t| t.episodes.to_string()),
+            number(t.map(|t| t.reward_mean)),
+            number(t.map(|t| t.ndcg_mean)),
+            number(t.map(|t| t.failure_rate)),
+            number(v.and_then(|v| v.metrics.get("ndcg@10").copied())),
+            number(v.and_then(|v| v.metrics.get("reward").copied())),
+            number(v.map(failure_rate)),
+            number(v.and_then(|v| v.metrics.get("turns").copied())),
+        );
+    }
+    if run.validations.is_empty() {
+        out.push_str("no validation yet (spec.validation and training.eval_every)\n");
+    } else {
+        let _ = writeln!(out, "* best version by validation nDCG@10: {}", run.best_version);
+    }
+    out
+}
+
+/// The same rows as CSV (empty fields where a side is missing).
+pub fn csv(run: &pb::Run) -> String {
+    let mut out = String::from(
+        "version,episodes,train_reward,train_ndcg,train_failure_rate,val_ndcg,val_reward,val_failure_rate,val_turns\n",
+    );
+    let number = |value: Option<f64>| value.map(|v| v.to_string()).unwrap_or_default();
+    for (version, row) in rows(run) {
+        let (t, v) = (row.training, row.validation);
+        let _ = writeln!(
+            out,
+            "{version},{},{},{},{},{},{},{},{}",
+            t.map(|t| t.episodes.to_string()).unwrap_or_default(),
+            number(t.map(|t| t.reward_mean)),
+            number(t.map(|t| t.ndcg_mean)),
+            number(t.map(|t| t.failure_rate)),
+            number(v.and_then(|v| v.metrics.get("ndcg@10").copied())),
+            number(v.and_then(|v| v.metrics.get("reward").copied())),
+            number(v.map(failure_rate)),
+            number(v.and_then(|v| v.metrics.get("turns").copied())),
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn training_and_validation_meet_per_version_and_the_best_is_marked() {
+        let run = pb::Run {
+            training: vec![
+                pb::VersionStats { version: 0, episodes: 8, reward_mean: 0.1, ..Default::default() },
+                pb::VersionStats { version: 1, episodes: 8, reward_mean: 0.4, ..Default::default() },
+            ],
+            validations: vec![
+                pb::Validation {
+                    version: 0,
+                    metrics: [("ndcg@10".into(), 0.2), ("failure_rate:turn_limit".into(), 0.25)].into(),
+                    ..Default::default()
+                },
+                pb::Validation { version: 2, metrics: [("ndcg@10".into(), 0.5)].into(), ..Default::default() },
+            ],
+            best_version: 2,
+            ..Default::default()
+        };
+        let table = table(&run);
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(lines.len(), 5, "{table}");
+        assert!(lines[1].trim_start().starts_with('0') && lines[1].contains("0.250"), "{table}");
+        assert!(lines[3].ends_with(" *") && lines[3].contains("0.500"), "{table}");
+        assert!(lines[4].contains("best version by validation nDCG@10: 2"));
+        let csv = csv(&run);
+        assert_eq!(csv.lines().nth(3), Some("2,,,,,0.5,,0,"));
+    }
+}
