@@ -32,6 +32,22 @@ fn failure_rate(validation: &pb::Validation) -> f64 {
     validation.metrics.iter().filter(|(name, _)| name.starts_with("failure_rate:")).fold(0.0, |sum, (_, v)| sum + v)
 }
 
+/// A row's eight values after the version, `None` where a side is missing.
+fn cells(row: &Row<'_>) -> [Option<f64>; 8] {
+    let (t, v) = (row.training, row.validation);
+    let metric = |name: &str| v.and_then(|v| v.metrics.get(name).copied());
+    [
+        t.map(|t| t.episodes as f64),
+        t.map(|t| t.reward_mean),
+        t.map(|t| t.ndcg_mean),
+        t.map(|t| t.failure_rate),
+        metric("ndcg@10"),
+        metric("reward"),
+        v.map(failure_rate),
+        metric("turns"),
+    ]
+}
+
 /// The table `sleuth run report` prints.
 pub fn table(run: &pb::Run) -> String {
     let mut out = String::new();
@@ -40,22 +56,21 @@ pub fn table(run: &pb::Run) -> String {
         "{:>8}  {:>8} {:>8} {:>8} {:>8}  {:>9} {:>8} {:>8} {:>6}",
         "version", "episodes", "reward", "nDCG@10", "failures", "val nDCG", "val rew", "val fail", "turns"
     );
-    let number = |value: Option<f64>| value.map_or_else(|| "-".to_owned(), |v| format!("{v:.3}"));
     for (version, row) in rows(run) {
-        let t = row.training;
-        let v = row.validation;
-        let best = if v.is_some() && version == run.best_version { " *" } else { "" };
+        let [episodes, rest @ ..] = cells(&row);
+        let shown: Vec<String> = rest.iter().map(|c| c.map_or_else(|| "-".to_owned(), |v| format!("{v:.3}"))).collect();
+        let best = if row.validation.is_some() && version == run.best_version { " *" } else { "" };
         let _ = writeln!(
             out,
             "{version:>8}  {:>8} {:>8} {:>8} {:>8}  {:>9} {:>8} {:>8} {:>6}{best}",
-            t.map_or_else(|| "-".to_owned(), |t| t.episodes.to_string()),
-            number(t.map(|t| t.reward_mean)),
-            number(t.map(|t| t.ndcg_mean)),
-            number(t.map(|t| t.failure_rate)),
-            number(v.and_then(|v| v.metrics.get("ndcg@10").copied())),
-            number(v.and_then(|v| v.metrics.get("reward").copied())),
-            number(v.map(failure_rate)),
-            number(v.and_then(|v| v.metrics.get("turns").copied())),
+            episodes.map_or_else(|| "-".to_owned(), |n| n.to_string()),
+            shown[0],
+            shown[1],
+            shown[2],
+            shown[3],
+            shown[4],
+            shown[5],
+            shown[6],
         );
     }
     if run.validations.is_empty() {
@@ -71,21 +86,9 @@ pub fn csv(run: &pb::Run) -> String {
     let mut out = String::from(
         "version,episodes,train_reward,train_ndcg,train_failure_rate,val_ndcg,val_reward,val_failure_rate,val_turns\n",
     );
-    let number = |value: Option<f64>| value.map(|v| v.to_string()).unwrap_or_default();
     for (version, row) in rows(run) {
-        let (t, v) = (row.training, row.validation);
-        let _ = writeln!(
-            out,
-            "{version},{},{},{},{},{},{},{},{}",
-            t.map(|t| t.episodes.to_string()).unwrap_or_default(),
-            number(t.map(|t| t.reward_mean)),
-            number(t.map(|t| t.ndcg_mean)),
-            number(t.map(|t| t.failure_rate)),
-            number(v.and_then(|v| v.metrics.get("ndcg@10").copied())),
-            number(v.and_then(|v| v.metrics.get("reward").copied())),
-            number(v.map(failure_rate)),
-            number(v.and_then(|v| v.metrics.get("turns").copied())),
-        );
+        let fields: Vec<String> = cells(&row).iter().map(|c| c.map(|v| v.to_string()).unwrap_or_default()).collect();
+        let _ = writeln!(out, "{version},{}", fields.join(","));
     }
     out
 }

@@ -62,7 +62,8 @@ struct OneReplica {
     policy_addr: String,
     gateway: InferenceGatewayClient<MeshChannel>,
     _policy: sleuth_testkit::service::Running<policy_server::Error>,
-    _gateway: sleuth_testkit::service::Running<inference_gateway::Error>,
+    /// The gateway server (a test may stop it and start another).
+    gateway_server: sleuth_testkit::service::Running<inference_gateway::Error>,
     _redis: sleuth_testkit::TestServer,
 }
 
@@ -79,7 +80,15 @@ async fn one_replica() -> Result<OneReplica> {
         start!(inference_gateway, gateway_args(&model, &redis_url, &policy_addr, "127.0.0.1:0", &[]));
     serving(&gateway_addr, "sleuth.inference.v1.InferenceGateway").await?;
     let gateway = InferenceGatewayClient::new(connect(&gateway_addr, None, Duration::from_secs(5)).await?);
-    Ok(OneReplica { model, redis_url, policy_addr, gateway, _policy: policy, _gateway: gateway_stop, _redis: redis })
+    Ok(OneReplica {
+        model,
+        redis_url,
+        policy_addr,
+        gateway,
+        _policy: policy,
+        gateway_server: gateway_stop,
+        _redis: redis,
+    })
 }
 
 /// Has the policy server serve `version`: the same weights, reloaded from the model directory.
@@ -99,21 +108,8 @@ async fn publish_version(stack: &OneReplica, version: u64) -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn turns_are_recorded_token_for_token_and_survive_a_restart() -> Result<()> {
-    let model = sleuth_testkit::smollm2()?;
-    let model = model.to_str().context("utf-8 path")?.to_owned();
-    let redis = sleuth_testkit::redis()?;
-    let redis_url = sleuth_testkit::redis_url(&redis);
-    let (policy_addr, _policy) = start!(
-        policy_server,
-        ["policy-server", "--listen", "127.0.0.1:0", "--device", "cpu", "--dtype", "f32", "--model", &model]
-    );
-    let (gateway_addr, gateway_stop) =
-        start!(inference_gateway, gateway_args(&model, &redis_url, &policy_addr, "127.0.0.1:0", &[]));
-    serving(&gateway_addr, "sleuth.inference.v1.InferenceGateway").await?;
-    let client = |addr: String| async move {
-        Ok::<_, anyhow::Error>(InferenceGatewayClient::new(connect(&addr, None, Duration::from_secs(5)).await?))
-    };
-    let mut gateway: InferenceGatewayClient<MeshChannel> = client(gateway_addr.clone()).await?;
+    let stack = one_replica().await?;
+    let mut gateway = stack.gateway.clone();
 
     let mut messages = vec![user("What is the capital of France?")];
     let first = gateway.chat(chat("ep-1", &messages)).await?.into_inner();
@@ -148,11 +144,12 @@ async fn turns_are_recorded_token_for_token_and_survive_a_restart() -> Result<()
     assert_eq!(&all[all.len() - second.token_ids.len()..], second.token_ids.as_slice());
 
     // A restarted gateway (same Redis) continues the episode.
-    gateway_stop.stop().await?;
+    let OneReplica { model, redis_url, policy_addr, gateway_server, _policy, _redis, .. } = stack;
+    gateway_server.stop().await?;
     let (restarted, _restarted_stop) =
         start!(inference_gateway, gateway_args(&model, &redis_url, &policy_addr, "127.0.0.1:0", &[]));
     serving(&restarted, "sleuth.inference.v1.InferenceGateway").await?;
-    let mut gateway = client(restarted).await?;
+    let mut gateway = InferenceGatewayClient::new(connect(&restarted, None, Duration::from_secs(5)).await?);
     let finished = gateway.finish_episode(pb::FinishEpisodeRequest { episode_id: "ep-1".into() }).await?.into_inner();
     assert_eq!(finished, trace);
 
