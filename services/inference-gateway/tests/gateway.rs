@@ -54,6 +54,15 @@ fn tokens(trace: &Trace) -> Vec<u32> {
     trace.segments.iter().flat_map(|s| s.token_ids.iter().copied()).collect()
 }
 
+/// A search tool the model may call.
+fn search_tool() -> ToolSpec {
+    ToolSpec {
+        name: "search".into(),
+        description: "Search the documents for a query.".into(),
+        parameters_json: r#"{"type": "object", "properties": {"query": {"type": "string"}}}"#.into(),
+    }
+}
+
 /// One policy server (SmolLM2 on the CPU, f32) behind a gateway, with Redis;
 /// everything stops when it drops.
 struct OneReplica {
@@ -367,11 +376,7 @@ async fn a_runs_turns_wait_for_a_replica_serving_its_version() -> Result<()> {
 async fn a_teachers_reply_is_traced_as_the_policys_own_tokens() -> Result<()> {
     let stack = one_replica().await?;
     let mut gateway = stack.gateway.clone();
-    let tool = ToolSpec {
-        name: "search".into(),
-        description: "Search the documents for a query.".into(),
-        parameters_json: r#"{"type": "object", "properties": {"query": {"type": "string"}}}"#.into(),
-    };
+    let tool = search_tool();
     let call = r#"<tool_call>[{"name": "search", "arguments": {"query": "capital of France"}}]</tool_call>"#;
     let mut messages = vec![user("What is the capital of France?")];
     let mut taught =
@@ -459,11 +464,7 @@ fn message(role: &str, text: &str) -> ChatMessage {
 async fn a_five_turn_tool_episode_is_traced_exactly() -> Result<()> {
     let stack = one_replica().await?;
     let mut gateway = stack.gateway.clone();
-    let tool = ToolSpec {
-        name: "search".into(),
-        description: "Search the documents for a query.".into(),
-        parameters_json: r#"{"type": "object", "properties": {"query": {"type": "string"}}}"#.into(),
-    };
+    let tool = search_tool();
     // Worked examples so that SmolLM2-135M calls the tool (see openai_client.py).
     let mut messages = vec![message("system", "Answer every request by calling the search tool.")];
     for query in ["rainfall in Spain", "vitamin D deficiency", "protein folding"] {
