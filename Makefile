@@ -64,6 +64,7 @@ bench: test-fixtures
 	cargo bench -p learner --bench grpo_step
 	cargo build --release --workspace --bins
 	OMP_WAIT_POLICY=passive cargo bench -p sleuth-tests --bench rollout_throughput
+	OMP_WAIT_POLICY=passive cargo bench -p sleuth-tests --bench staleness
 
 # Code generation runs in crates/sleuth-proto/build.rs; this only forces it.
 proto: setup
