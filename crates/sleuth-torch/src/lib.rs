@@ -5,8 +5,10 @@
 //! and are checked here once, with errors that say what is available, instead
 //! of each service failing later inside libtorch.
 
+mod args;
 mod dtype;
 
+pub use args::ModelArgs;
 pub use dtype::{CpuFeatures, Dtype, DtypeSpec};
 
 use std::fmt;

@@ -4,11 +4,9 @@
 //! otherwise gives (see `run_spec`).
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 
 use sleuth_kit::{ServeArgs, TelemetryArgs};
 use sleuth_store::{DatabaseArgs, RedisArgs, S3Args};
-use sleuth_torch::DeviceSpec;
 
 use crate::loss::Aggregation;
 
@@ -57,20 +55,10 @@ pub struct Config {
     #[command(flatten)]
     pub database: DatabaseArgs,
 
-    /// The initial policy (HF-format directory). Default: the imported SmolLM2.
-    #[arg(long, env = "SLEUTH_MODEL")]
-    pub model: Option<PathBuf>,
-
-    /// Device to train on: auto (CUDA when present), cpu, cuda or cuda:N.
-    #[arg(long, env = "SLEUTH_DEVICE", default_value = "auto")]
-    pub device: DeviceSpec,
-
-    /// Dtype of the forward and backward passes: auto (bf16 where the device
-    /// computes it natively: CUDA, CPUs with AVX512-BF16 or AMX; f32
-    /// elsewhere), f32 or bf16. Parameter shards, gradients and AdamW state
-    /// stay in f32 (f64 for gradient sums) whatever this is.
-    #[arg(long, env = "SLEUTH_DTYPE", default_value = "auto")]
-    pub dtype: sleuth_torch::DtypeSpec,
+    /// The initial policy (unless the run's spec names one), and where and in
+    /// which dtype to train it.
+    #[command(flatten)]
+    pub model: sleuth_torch::ModelArgs,
 
     /// rl or sft. With an orchestrator the spec decides: a run whose agent
     /// has a teacher is trajectory SFT.

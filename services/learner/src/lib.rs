@@ -166,10 +166,9 @@ fn objective(config: &Config) -> Result<Objective, Error> {
 
 /// Loads the policy (and, with a KL term, a frozen reference copy) on `device`.
 fn load_trainer(config: &Config, device: tch::Device, collective: Box<dyn Collective>) -> Result<Trainer, Error> {
-    let dir = config.model.clone().unwrap_or_else(sleuth_kit::config::default_model_dir);
+    let dir = config.model.directory();
     let model_config = sleuth_model::Config::from_file(&dir.join("config.json"))?;
-    let dtype = config.dtype.resolve(device);
-    tracing::info!(dtype = ?dtype.kind, requested = %config.dtype, reason = %dtype.reason, "compute dtype");
+    let dtype = config.model.compute_dtype(device);
     let load = || -> Result<_, Error> {
         let mut vars = tch::nn::VarStore::new(device);
         let model = sleuth_model::Model::new(&vars.root(), &model_config);
@@ -236,7 +235,7 @@ pub async fn run(
     let _start_model = match config.start_model_uri.clone() {
         Some(uri) => {
             let (dir, fetched) = start_model_dir(&uri, &config.s3).await?;
-            config.model = Some(dir);
+            config.model.dir = Some(dir);
             fetched
         }
         None => None,
@@ -248,7 +247,7 @@ pub async fn run(
     let redis = RedisStore::open(&config.redis.redis_url)?;
     let database = Database::open(&config.database.database_url)?;
     let checkpoints = ObjectStore::open(&config.checkpoint_uri, &config.s3)?;
-    let device = config.device.resolve()?;
+    let device = config.model.device.resolve()?;
     let token = config.serve.bearer_token()?;
     let rendezvous = Rendezvous::from_env()?;
     let collective: Box<dyn Collective> = match &rendezvous {
@@ -263,7 +262,7 @@ pub async fn run(
         _ => Box::new(Single),
     };
     let (rank, world) = (collective.rank(), collective.world());
-    let model_dir = config.model.clone().unwrap_or_else(sleuth_kit::config::default_model_dir);
+    let model_dir = config.model.directory();
     let model_config: serde_json::Value = std::fs::read_to_string(model_dir.join("config.json"))
         .ok()
         .and_then(|t| serde_json::from_str(&t).ok())

@@ -22,7 +22,6 @@ use std::sync::{Arc, OnceLock};
 use futures::FutureExt;
 use sleuth_kit::{GrpcService, ServeArgs, TelemetryArgs};
 use sleuth_proto::policy::v1::policy_server_server::PolicyServerServer;
-use sleuth_torch::DeviceSpec;
 use tokio::net::TcpListener;
 
 pub use error::Error;
@@ -41,19 +40,9 @@ pub struct Config {
     #[arg(long, env = "SLEUTH_LISTEN", default_value = "0.0.0.0:50055")]
     pub listen: SocketAddr,
 
-    /// HF-format model directory (config.json, safetensors). Default: the
-    /// SmolLM2-135M-Instruct that `make setup` imports into ~/.cache/sleuth/models.
-    #[arg(long, env = "SLEUTH_MODEL")]
-    pub model: Option<PathBuf>,
-
-    /// Device to run the model on: auto (CUDA when present), cpu, cuda or cuda:N.
-    #[arg(long, env = "SLEUTH_DEVICE", default_value = "auto")]
-    pub device: DeviceSpec,
-
-    /// Parameter and compute dtype: auto (bf16 where the device computes it
-    /// natively: CUDA, CPUs with AVX512-BF16 or AMX; f32 elsewhere), f32 or bf16.
-    #[arg(long, env = "SLEUTH_DTYPE", default_value = "auto")]
-    pub dtype: sleuth_torch::DtypeSpec,
+    /// The model served, where, and in which dtype (parameters and compute).
+    #[command(flatten)]
+    pub model: sleuth_torch::ModelArgs,
 
     /// libtorch intra-op threads (0: OMP_NUM_THREADS when set, else the CPUs
     /// this process may use, a pod's CPU limit included).
@@ -90,7 +79,7 @@ pub struct Config {
 
 /// The model directory configured, or the one `make setup` imports.
 pub fn model_dir(config: &Config) -> Result<PathBuf, Error> {
-    if let Some(dir) = &config.model {
+    if let Some(dir) = &config.model.dir {
         return Ok(dir.clone());
     }
     let default = sleuth_kit::config::default_model_dir();
@@ -111,10 +100,9 @@ pub async fn run(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
-    let device = config.device.resolve()?;
+    let device = config.model.device.resolve()?;
     let dir = model_dir(&config)?;
-    let dtype = config.dtype.resolve(device);
-    tracing::info!(dtype = ?dtype.kind, requested = %config.dtype, reason = %dtype.reason, "compute dtype");
+    let dtype = config.model.compute_dtype(device);
     let kind = dtype.kind;
     let limits = Limits {
         max_batch: config.max_batch as usize,
