@@ -189,7 +189,7 @@ async fn a_training_run_closes_the_loop_through_faults() -> Result<()> {
     tokio::time::sleep(Duration::from_millis(100)).await; // the recorder's last look
     let entries = stream.entries();
     assert_eq!(entries.len() as u64, published(&finished), "entries seen in the stream");
-    let summary = account(&entries, scratch.path(), &mesh, lost).await?;
+    let summary = account(&entries, scratch.path(), &watch, lost).await?;
 
     // No turn was sampled by the servers' own model (version 0): not before
     // the learner published the run's start model, not after the restart.
@@ -211,7 +211,7 @@ async fn progress(client: &mut OrchestratorClient<MeshChannel>) -> Result<rollou
 /// step or dropped with its reason, that the steps are whole, that nothing is
 /// left unacknowledged, and that the traces' versions are the weights that
 /// sampled them. `lost` is the version the learner lost in its crash.
-async fn account(entries: &[(String, TrajectoryGroup)], data: &Path, mesh: &Mesh, lost: u64) -> Result<String> {
+async fn account(entries: &[(String, TrajectoryGroup)], data: &Path, watch: &Watch, lost: u64) -> Result<String> {
     let database = sleuth_store::Database::open(&format!("sqlite://{}", data.join("learner.db").display()))?;
     let records = learner::records::groups(&database, RUN).await?;
     let recorded: BTreeMap<&str, &GroupRecord> = records.iter().map(|r| (r.entry_id.as_str(), r)).collect();
@@ -268,12 +268,9 @@ async fn account(entries: &[(String, TrajectoryGroup)], data: &Path, mesh: &Mesh
     assert!(malformed >= 1, "no malformed tool call was made");
 
     // The run's final state: checkpoint sealed, nothing pending.
-    let checkpoints = data.join("checkpoints");
-    assert!(checkpoints.join(format!("{}/COMPLETE", learner::checkpoint::step_dir(last))).is_file());
-    let connection = &mut redis::Client::open(mesh.redis_url.as_str())?.get_multiplexed_async_connection().await?;
-    let pending: redis::streams::StreamPendingReply =
-        redis::AsyncCommands::xpending(connection, trajectories::stream_key(RUN), trajectories::LEARNER_GROUP).await?;
-    assert_eq!(pending.count(), 0, "entries left unacknowledged");
+    let checkpoints = &watch.checkpoints;
+    assert!(watch.sealed(last), "the last step's checkpoint is sealed");
+    assert_eq!(watch.pending().await?, 0, "entries left unacknowledged");
 
     // The versions in the trained groups' traces are the weights that sampled them.
     let trained_entries: Vec<&TrajectoryGroup> = entries
@@ -281,7 +278,7 @@ async fn account(entries: &[(String, TrajectoryGroup)], data: &Path, mesh: &Mesh
         .filter(|(id, _)| recorded[id.as_str()].disposition == Disposition::Trained)
         .map(|(_, g)| g)
         .collect();
-    let checked = check_token_versions(&trained_entries, &checkpoints, &recorded_steps)?;
+    let checked = check_token_versions(&trained_entries, checkpoints, &recorded_steps)?;
     Ok(format!(
         "{} groups, {last} steps (version {lost} lost, republished as {rollback}), {} trained, {} flat, {} stale; \
          {malformed} malformed calls; {checked} sampled segments match their version's logprobs",

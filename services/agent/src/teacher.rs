@@ -160,11 +160,9 @@ impl Teacher {
 /// separators, keys sorted): a reply written otherwise would re-render to
 /// other tokens on the next turn and count as drift.
 fn call(tool: &str, arguments: &serde_json::Value) -> String {
-    let call = json!({"name": tool, "arguments": arguments});
     // Keys in the template's order: name, then arguments.
-    let text =
-        format!(r#"{{"name": {}, "arguments": {}}}"#, template_json(&call["name"]), template_json(&call["arguments"]));
-    format!("<tool_call>[{text}]</tool_call>")
+    let (name, arguments) = (template_json(&json!(tool)), template_json(arguments));
+    format!(r#"<tool_call>[{{"name": {name}, "arguments": {arguments}}}]</tool_call>"#)
 }
 
 /// JSON with the separators Python's `json.dumps` (the templates' `tojson`) writes.

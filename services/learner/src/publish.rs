@@ -94,24 +94,31 @@ impl Publisher {
         self.servers.is_empty()
     }
 
-    /// The servers (indices) serving a version older than `version`; a server
-    /// that does not answer is left for the next check.
-    pub async fn behind(&self, version: u64) -> Vec<usize> {
+    /// The version each server reports serving, in server order; `None`
+    /// for a server that does not answer (it is left for the next check).
+    async fn served_versions(&self) -> Vec<Option<u64>> {
         let calls = self.servers.iter().map(|(address, client)| {
             let mut client = client.clone();
-            async move { (address, client.get_model_info(GetModelInfoRequest {}).await) }
+            async move {
+                match client.get_model_info(GetModelInfoRequest {}).await {
+                    Ok(info) => Some(info.get_ref().policy_version),
+                    Err(status) => {
+                        tracing::debug!(server = %address, message = status.message(), "policy server did not report its version");
+                        None
+                    }
+                }
+            }
         });
+        futures::future::join_all(calls).await
+    }
+
+    /// The servers (indices) serving a version older than `version`.
+    pub async fn behind(&self, version: u64) -> Vec<usize> {
         let mut behind = Vec::new();
-        for (index, (address, answer)) in futures::future::join_all(calls).await.into_iter().enumerate() {
-            match answer {
-                Ok(info) if info.get_ref().policy_version < version => {
-                    tracing::warn!(server = %address, serves = info.get_ref().policy_version, current = version, "policy server behind the learner; publishing the current weights to it");
-                    behind.push(index);
-                }
-                Ok(_) => {}
-                Err(status) => {
-                    tracing::debug!(server = %address, message = status.message(), "policy server did not report its version")
-                }
+        for (index, served) in self.served_versions().await.into_iter().enumerate() {
+            if let Some(serves) = served.filter(|&v| v < version) {
+                tracing::warn!(server = %self.servers[index].0, serves, current = version, "policy server behind the learner; publishing the current weights to it");
+                behind.push(index);
             }
         }
         behind
@@ -119,11 +126,7 @@ impl Publisher {
 
     /// The newest version any server reports serving (0 when none answers).
     pub async fn newest_served(&self) -> u64 {
-        let calls = self.servers.iter().map(|(_, client)| {
-            let mut client = client.clone();
-            async move { client.get_model_info(GetModelInfoRequest {}).await.map(|info| info.get_ref().policy_version) }
-        });
-        futures::future::join_all(calls).await.into_iter().filter_map(Result::ok).max().unwrap_or(0)
+        self.served_versions().await.into_iter().flatten().max().unwrap_or(0)
     }
 
     /// Sends `requests` to every server concurrently.
