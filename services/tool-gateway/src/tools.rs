@@ -118,10 +118,10 @@ pub fn parse_call(name: &str, arguments_json: &str) -> Result<ToolCall, Error> {
                 }
             };
             let k = k as usize;
-            Ok(if name == BM25_SEARCH {
-                ToolCall::Bm25Search { query, k }
-            } else {
-                ToolCall::VectorSearch { query, k }
+            Ok(match name {
+                BM25_SEARCH => ToolCall::Bm25Search { query, k },
+                VECTOR_SEARCH => ToolCall::VectorSearch { query, k },
+                _ => ToolCall::HybridSearch { query, k },
             })
         }
         READ_DOCUMENT => {
@@ -136,7 +136,10 @@ pub fn parse_call(name: &str, arguments_json: &str) -> Result<ToolCall, Error> {
             }
         }
         other => {
-            Err(invalid(format!("unknown tool {:?} (available: {BM25_SEARCH}, {READ_DOCUMENT})", shorten(other, 80))))
+            Err(invalid(format!(
+                "unknown tool {:?} (known: {BM25_SEARCH}, {VECTOR_SEARCH}, {HYBRID_SEARCH}, {READ_DOCUMENT}; ListTools says which a collection offers)",
+                shorten(other, 80)
+            )))
         }
     }
 }
@@ -299,6 +302,14 @@ mod tests {
             parse_call(BM25_SEARCH, r#"{"query": "x", "k": 3}"#).unwrap(),
             ToolCall::Bm25Search { query: "x".into(), k: 3 }
         );
+    }
+
+    #[test]
+    fn each_search_tool_parses_to_its_own_call() {
+        let arguments = r#"{"query": "q", "k": 2}"#;
+        let (query, k) = ("q".to_owned(), 2);
+        assert_eq!(parse_call(VECTOR_SEARCH, arguments).unwrap(), ToolCall::VectorSearch { query: query.clone(), k });
+        assert_eq!(parse_call(HYBRID_SEARCH, arguments).unwrap(), ToolCall::HybridSearch { query, k });
     }
 
     #[test]

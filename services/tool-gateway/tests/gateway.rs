@@ -226,6 +226,20 @@ async fn vector_search_on_scifact_matches_the_published_figure_and_is_served() -
         .await?
         .into_inner();
     assert_eq!(fused.hits.len(), 10);
+    // The model's hybrid_search call runs the same fusion as Search does.
+    let called = tools
+        .call_tool(pb::CallToolRequest {
+            collection: "scifact".into(),
+            name: "hybrid_search".into(),
+            arguments_json: serde_json::json!({"query": "vitamin D deficiency", "k": 10}).to_string(),
+            observation_char_cap: 0,
+            episode_id: String::new(),
+        })
+        .await?
+        .into_inner();
+    assert!(called.observation.starts_with("hybrid_search results"), "{}", called.observation);
+    let ids = |hits: &[pb::SearchHit]| hits.iter().map(|h| h.doc_id.clone()).collect::<Vec<_>>();
+    assert_eq!(ids(&called.hits), ids(&fused.hits));
     let request = |query: &str| pb::CallToolRequest {
         collection: "scifact".into(),
         name: "vector_search".into(),
