@@ -89,7 +89,8 @@ impl ObjectStore {
     }
 
     /// Writes `bytes` under `key`. Readers never see a partial object: local
-    /// files are written beside the target and renamed into place.
+    /// files are written beside the target, fsynced and renamed into place,
+    /// and the folder is fsynced, so a written object survives a power cut.
     pub async fn put(&self, key: &str, bytes: Vec<u8>) -> Result<(), StoreError> {
         check_key(key)?;
         match self {
@@ -100,8 +101,15 @@ impl ObjectStore {
                     if let Some(parent) = path.parent() {
                         tokio::fs::create_dir_all(parent).await?;
                     }
-                    tokio::fs::write(&tmp, bytes).await?;
-                    tokio::fs::rename(&tmp, &path).await
+                    let mut file = tokio::fs::File::create(&tmp).await?;
+                    tokio::io::AsyncWriteExt::write_all(&mut file, &bytes).await?;
+                    file.sync_all().await?;
+                    drop(file);
+                    tokio::fs::rename(&tmp, &path).await?;
+                    match path.parent() {
+                        Some(parent) => tokio::fs::File::open(parent).await?.sync_all().await,
+                        None => Ok(()),
+                    }
                 }
                 .await;
                 result.map_err(|source| self.io(source))
@@ -198,6 +206,24 @@ impl ObjectStore {
                 .await
                 .map(drop)
                 .map_err(|error| self.s3_error("delete", key, error)),
+        }
+    }
+
+    /// Deletes every object under the folder `dir` (a key prefix ending at a
+    /// `/`); a missing folder is not an error.
+    pub async fn delete_folder(&self, dir: &str) -> Result<(), StoreError> {
+        check_key(dir)?;
+        match self {
+            Self::Local { root } => match tokio::fs::remove_dir_all(root.join(dir)).await {
+                Err(error) if error.kind() != std::io::ErrorKind::NotFound => Err(self.io(error)),
+                _ => Ok(()),
+            },
+            Self::S3 { .. } => {
+                for key in self.list(&format!("{}/", dir.trim_end_matches('/'))).await? {
+                    self.delete(&key).await?;
+                }
+                Ok(())
+            }
         }
     }
 

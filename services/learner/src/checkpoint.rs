@@ -8,8 +8,12 @@
 //! step-00000012/COMPLETE                  written last, after every rank's shard
 //! ```
 //!
-//! `resume` takes the newest step with `COMPLETE`; a folder without it (a
-//! crash while writing) is ignored. The RNG state is not saved: the learner
+//! Resuming takes the newest step with `COMPLETE` whose shards match the
+//! SHA-256 digests its meta records; a folder without `COMPLETE` (a crash
+//! while writing) is ignored, and a damaged one is passed over for the one
+//! before it. [`prune`] keeps the newest few and the best by validation.
+//! Local files are fsynced before they are renamed into place (the object
+//! store's `put`), so a sealed checkpoint survives a power cut. The RNG state is not saved: the learner
 //! draws no random numbers (no dropout, no shuffling; steps are formed in
 //! stream order), so there is none to restore.
 
@@ -36,6 +40,11 @@ pub struct Meta {
     pub groups_filtered: u64,
     pub groups_rejected: u64,
     pub created_unix: u64,
+    /// SHA-256 (hex) of each rank's shard, by rank: a resumed rank checks its
+    /// shard against it. Empty in checkpoints written before digests were
+    /// recorded (their shards are taken as they load).
+    #[serde(default)]
+    pub shard_sha256: Vec<String>,
 }
 
 impl Meta {
@@ -51,6 +60,10 @@ pub enum CheckpointError {
     Store(#[from] sleuth_store::StoreError),
     #[error("checkpoint {key}: {message}")]
     Corrupt { key: String, message: String },
+    #[error(
+        "checkpoint {step} was written by {written} ranks, this run has WORLD_SIZE {world}; resume with the same world size"
+    )]
+    WorldSize { step: u64, written: usize, world: usize },
     #[error(transparent)]
     Torch(#[from] tch::TchError),
     #[error("{0}")]
@@ -87,6 +100,12 @@ pub fn shard_bytes(shard: &Shard) -> Result<Vec<u8>, CheckpointError> {
         ("exp_avg_sq", cpu(&shard.exp_avg_sq)),
         ("step", Tensor::from_slice(&[shard.step as i64])),
     ])
+}
+
+/// The SHA-256 of shard bytes, as [`Meta::shard_sha256`] records it.
+pub fn digest(bytes: &[u8]) -> String {
+    use sha2::Digest as _;
+    sha2::Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Writes this rank's shard of `step` (bytes from [`shard_bytes`]).
@@ -135,16 +154,43 @@ pub async fn complete_steps(store: &ObjectStore) -> Result<Vec<u64>, CheckpointE
     Ok(steps)
 }
 
-/// The newest complete checkpoint's meta, if any.
-pub async fn latest(store: &ObjectStore) -> Result<Option<Meta>, CheckpointError> {
-    let Some(&step) = complete_steps(store).await?.last() else { return Ok(None) };
+/// The meta of complete checkpoint `step`.
+pub async fn meta(store: &ObjectStore, step: u64) -> Result<Meta, CheckpointError> {
     let key = format!("{}/meta.json", step_dir(step));
     let bytes = store.get(&key).await?;
-    serde_json::from_slice(&bytes).map(Some).map_err(|e| CheckpointError::Corrupt { key, message: e.to_string() })
+    serde_json::from_slice(&bytes).map_err(|e| CheckpointError::Corrupt { key, message: e.to_string() })
+}
+
+impl CheckpointError {
+    /// A fault of this checkpoint's files (unreadable, missing or not what was
+    /// sealed), for which resuming from the one before is right; not one of
+    /// the store or the run's settings, which would fail for every checkpoint.
+    pub fn is_damage(&self) -> bool {
+        matches!(
+            self,
+            Self::Corrupt { .. } | Self::Torch(_) | Self::Store(sleuth_store::StoreError::ObjectNotFound { .. })
+        )
+    }
+}
+
+/// Complete checkpoint `step`'s meta and this rank's shard of it.
+pub async fn load(
+    store: &ObjectStore,
+    step: u64,
+    rank: usize,
+    world: usize,
+    device: Device,
+) -> Result<(Meta, Shard), CheckpointError> {
+    let meta = meta(store, step).await?;
+    if meta.world_size != world {
+        return Err(CheckpointError::WorldSize { step, written: meta.world_size, world });
+    }
+    let shard = load_shard(store, &meta, rank, world, device).await?;
+    Ok((meta, shard))
 }
 
 /// This rank's shard of `meta`'s step.
-pub async fn load_shard(
+async fn load_shard(
     store: &ObjectStore,
     meta: &Meta,
     rank: usize,
@@ -152,16 +198,16 @@ pub async fn load_shard(
     device: Device,
 ) -> Result<Shard, CheckpointError> {
     let key = shard_key(meta.step, rank, world);
-    if meta.world_size != world {
+    let bytes = store.get(&key).await?;
+    if let Some(expected) = meta.shard_sha256.get(rank)
+        && *expected != digest(&bytes)
+    {
         return Err(CheckpointError::Corrupt {
             key,
-            message: format!(
-                "was written by {} ranks, this run has WORLD_SIZE {world}; resume with the same world size",
-                meta.world_size
-            ),
+            message: format!("SHA-256 {} differs from {expected} recorded when it was sealed", digest(&bytes)),
         });
     }
-    let tensors = read_safetensors(&store.get(&key).await?)?;
+    let tensors = read_safetensors(&bytes)?;
     let find =
         |name: &str| -> Result<Tensor, CheckpointError> {
             let tensor = tensors.iter().find(|(n, _)| n == name).map(|(_, t)| t).ok_or_else(|| {
@@ -171,4 +217,90 @@ pub async fn load_shard(
         };
     let step = tensors.iter().find(|(n, _)| n == "step").map(|(_, t)| t.int64_value(&[0]) as u64).unwrap_or(meta.step);
     Ok(Shard { params: find("params")?, exp_avg: find("exp_avg")?, exp_avg_sq: find("exp_avg_sq")?, step })
+}
+
+/// Deletes checkpoints no resume or user needs: complete ones older than the
+/// newest `keep` except `best` (the version validation chose), and folders a
+/// crash left unsealed below the newest complete step. The `COMPLETE` marker
+/// goes first, so a deletion cut short never leaves a folder that looks whole.
+/// `keep` 0 keeps every checkpoint. Returns the steps deleted.
+pub async fn prune(store: &ObjectStore, keep: usize, best: Option<u64>) -> Result<Vec<u64>, CheckpointError> {
+    let complete = complete_steps(store).await?;
+    let Some(&newest) = complete.last() else { return Ok(Vec::new()) };
+    if keep == 0 {
+        return Ok(Vec::new());
+    }
+    let kept: Vec<u64> = complete.iter().rev().take(keep).copied().chain(best).collect();
+    let mut steps: Vec<u64> = store
+        .list("step-")
+        .await?
+        .iter()
+        .filter_map(|key| key.split('/').next()?.strip_prefix("step-")?.parse().ok())
+        .filter(|step| *step < newest && !kept.contains(step))
+        .collect();
+    steps.dedup();
+    for &step in &steps {
+        let dir = step_dir(step);
+        store.delete(&format!("{dir}/{COMPLETE}")).await?;
+        store.delete_folder(&dir).await?;
+    }
+    Ok(steps)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn seal_step(store: &ObjectStore, step: u64) {
+        store.put(&shard_key(step, 0, 1), vec![1, 2, 3]).await.unwrap();
+        seal(store, &Meta { step, world_size: 1, ..Meta::default() }).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn pruning_keeps_the_newest_the_best_and_anything_being_written() {
+        let scratch = tempfile::tempdir().unwrap();
+        let store = ObjectStore::Local { root: scratch.path().to_owned() };
+        for step in [1, 2, 3, 5] {
+            seal_step(&store, step).await;
+        }
+        // A crash's leftover below the newest, and a step being written above it.
+        for step in [4, 7] {
+            store.put(&shard_key(step, 0, 1), vec![1]).await.unwrap();
+        }
+        assert_eq!(prune(&store, 0, None).await.unwrap(), Vec::<u64>::new(), "keep 0 keeps all");
+        assert_eq!(prune(&store, 2, Some(1)).await.unwrap(), [2, 4]);
+        assert_eq!(complete_steps(&store).await.unwrap(), [1, 3, 5]);
+        assert!(!scratch.path().join(step_dir(2)).exists() && !scratch.path().join(step_dir(4)).exists());
+        assert!(scratch.path().join(shard_key(7, 0, 1)).is_file());
+    }
+
+    #[tokio::test]
+    async fn a_shard_that_is_not_the_one_sealed_is_damage() {
+        let scratch = tempfile::tempdir().unwrap();
+        let store = ObjectStore::Local { root: scratch.path().to_owned() };
+        let shard = Shard {
+            params: Tensor::ones([4], (Kind::Float, Device::Cpu)),
+            exp_avg: Tensor::zeros([4], (Kind::Float, Device::Cpu)),
+            exp_avg_sq: Tensor::zeros([4], (Kind::Float, Device::Cpu)),
+            step: 1,
+        };
+        let bytes = shard_bytes(&shard).unwrap();
+        let sealed = Meta { step: 1, world_size: 1, shard_sha256: vec![digest(&bytes)], ..Meta::default() };
+        save_shard(&store, 1, 0, 1, bytes.clone()).await.unwrap();
+        seal(&store, &sealed).await.unwrap();
+        let (meta, loaded) = load(&store, 1, 0, 1, Device::Cpu).await.unwrap();
+        assert_eq!(meta, sealed);
+        assert_eq!(loaded.params.sum(Kind::Float).double_value(&[]), 4.0);
+
+        let mut flipped = bytes;
+        let last = flipped.len() - 1;
+        flipped[last] ^= 1;
+        save_shard(&store, 1, 0, 1, flipped).await.unwrap();
+        let error = load(&store, 1, 0, 1, Device::Cpu).await.unwrap_err();
+        assert!(error.is_damage() && error.to_string().contains("SHA-256"), "{error}");
+        let error = load(&store, 1, 0, 2, Device::Cpu).await.unwrap_err();
+        assert!(!error.is_damage() && error.to_string().contains("WORLD_SIZE 2"), "{error}");
+        store.delete(&shard_key(1, 0, 1)).await.unwrap();
+        assert!(load(&store, 1, 0, 1, Device::Cpu).await.unwrap_err().is_damage(), "a missing shard");
+    }
 }

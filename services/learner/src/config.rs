@@ -115,6 +115,12 @@ pub struct Config {
     #[arg(long, env = "SLEUTH_CHECKPOINT_EVERY", conflicts_with = "orchestrator", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
     pub checkpoint_every: u64,
 
+    /// Checkpoints kept: the newest this many, plus the best by validation
+    /// when the run has an orchestrator; older ones are deleted after each
+    /// new one is sealed. 0 keeps every checkpoint.
+    #[arg(long, env = "SLEUTH_KEEP_CHECKPOINTS", default_value_t = 3)]
+    pub keep_checkpoints: usize,
+
     /// Where checkpoints go: a directory or s3://bucket/prefix.
     #[arg(long, env = "SLEUTH_CHECKPOINT_URI", default_value = "checkpoints")]
     pub checkpoint_uri: String,

@@ -111,41 +111,71 @@ pub struct Sources {
     /// How long Redis may be unreachable before the learner stops with an error.
     pub patience: std::time::Duration,
     pub checkpoints: ObjectStore,
+    /// Checkpoints kept besides the best by validation (0: all; see [`checkpoint::prune`]).
+    pub keep_checkpoints: usize,
     pub database: Database,
     pub publisher: Publisher,
     /// The model directory, for the tokenizer files of the HF export.
     pub model_dir: std::path::PathBuf,
     pub model_config: serde_json::Value,
-    /// The run's orchestrator, asked whether the run is over (`None`: train
-    /// until `max_steps` or shutdown).
-    pub run_end: Option<crate::run_spec::RunEnd>,
+    /// The run's orchestrator, asked whether the run is over and which
+    /// checkpoint validation chose (`None`: train until `max_steps` or
+    /// shutdown, keep the newest checkpoints only).
+    pub run: Option<crate::run_spec::RunRecord>,
 }
 
-/// Resumes from the newest complete checkpoint, if any; returns its meta.
+/// Resumes from the newest complete checkpoint whose shards every rank can
+/// load, if any; returns its meta. A damaged checkpoint (a shard unreadable,
+/// missing or not the one sealed) is passed over for the one before it, on
+/// every rank alike: the ranks agree on each candidate before restoring.
 pub async fn resume(trainer: Trainer, checkpoints: &ObjectStore) -> Result<(Trainer, Meta), Error> {
-    let rank = trainer.collective.rank();
-    let world = trainer.collective.world();
-    let Some(meta) = checkpoint::latest(checkpoints).await? else {
-        return Ok((trainer, Meta { world_size: world, ..Meta::default() }));
-    };
-    // Decoding the shard makes tensors: on the libtorch thread too.
-    let (store, shard_meta, device) = (checkpoints.clone(), meta.clone(), trainer.vars.device());
-    let runtime = tokio::runtime::Handle::current();
-    let shard = crate::torch_thread::run(move || {
-        runtime.block_on(checkpoint::load_shard(&store, &shard_meta, rank, world, device))
-    })
-    .await??;
-    tracing::info!(step = meta.step, rank, "resuming from checkpoint");
-    let (trainer, restored) = blocking(trainer, move |t| t.restore(shard)).await?;
-    restored?;
-    Ok((trainer, meta))
+    let (rank, world, device) = (trainer.collective.rank(), trainer.collective.world(), trainer.vars.device());
+    let steps = checkpoint::complete_steps(checkpoints).await?;
+    let mut trainer = trainer;
+    for &step in steps.iter().rev() {
+        // Decoding the shard makes tensors: on the libtorch thread too.
+        let store = checkpoints.clone();
+        let runtime = tokio::runtime::Handle::current();
+        let loaded =
+            crate::torch_thread::run(move || runtime.block_on(checkpoint::load(&store, step, rank, world, device)))
+                .await?;
+        let loaded = match loaded {
+            Err(error) if !error.is_damage() => return Err(error.into()),
+            loaded => loaded,
+        };
+        let loadable = loaded.is_ok();
+        let (t, verdicts) = blocking(trainer, move |t| t.collective.all_gather(vec![u8::from(loadable)])).await?;
+        trainer = t;
+        let everyone = verdicts?.iter().all(|verdict| verdict == &[1]);
+        match loaded {
+            Ok((meta, shard)) if everyone => {
+                tracing::info!(step = meta.step, rank, "resuming from checkpoint");
+                let (trainer, restored) = blocking(trainer, move |t| t.restore(shard)).await?;
+                restored?;
+                return Ok((trainer, meta));
+            }
+            Ok(_) => tracing::warn!(step, rank, "another rank cannot load this checkpoint; trying the one before"),
+            Err(error) => tracing::warn!(step, rank, %error, "checkpoint is damaged; trying the one before"),
+        }
+    }
+    if let Some(newest) = steps.last() {
+        return Err(checkpoint::CheckpointError::Corrupt {
+            key: format!("{}/{}", checkpoints.uri(), checkpoint::step_dir(*newest)),
+            message: format!(
+                "none of the {} complete checkpoints loads on every rank (see the warnings); move them aside to start afresh",
+                steps.len()
+            ),
+        }
+        .into());
+    }
+    Ok((trainer, Meta { world_size: world, ..Meta::default() }))
 }
 
 /// Rank 0's loop (see the module docs).
 pub async fn lead(
     mut trainer: Trainer,
     plan: Plan,
-    mut sources: Sources,
+    sources: Sources,
     progress: SharedProgress,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> Result<(), Error> {
@@ -195,8 +225,8 @@ pub async fn lead(
                         if last_reconcile.elapsed() >= RECONCILE {
                             trainer = crate::publish::reconcile(trainer, &sources, meta.step).await?;
                             last_reconcile = std::time::Instant::now();
-                            if let Some(end) = sources.run_end.as_mut()
-                                && let Some(published) = end.groups_published().await
+                            if let Some(run) = &sources.run
+                                && let Some(published) = run.groups_published().await
                                 && meta.groups_taken() + tally.groups() >= published
                             {
                                 tracing::info!(published, "the run is over and every group taken: final step");
@@ -338,8 +368,11 @@ pub async fn follow(trainer: Trainer, checkpoints: ObjectStore) -> Result<(), Er
                 let (rank, world) = (trainer.collective.rank(), trainer.collective.world());
                 let (t, bytes) = blocking(trainer, |t| checkpoint::shard_bytes(&t.shard)).await?;
                 trainer = t;
-                checkpoint::save_shard(&checkpoints, step, rank, world, bytes?).await?;
-                let (t, arrived) = blocking(trainer, |t| t.collective.barrier()).await?;
+                let bytes = bytes?;
+                let digest = checkpoint::digest(&bytes);
+                checkpoint::save_shard(&checkpoints, step, rank, world, bytes).await?;
+                // Rank 0 seals the step with every rank's digest once all are saved.
+                let (t, arrived) = blocking(trainer, move |t| t.collective.all_gather(digest.into_bytes())).await?;
                 trainer = t;
                 arrived?;
             }
@@ -364,14 +397,25 @@ pub(crate) async fn save_checkpoint(trainer: Trainer, sources: &Sources, meta: &
         Ok(bytes)
     })
     .await?;
-    checkpoint::save_shard(&sources.checkpoints, step, rank, world, written?).await?;
+    let written = written?;
+    let digest = checkpoint::digest(&written);
+    checkpoint::save_shard(&sources.checkpoints, step, rank, world, written).await?;
     checkpoint::save_export(&sources.checkpoints, step, export.path()).await?;
-    let (t, arrived) = blocking(t, |t| t.collective.barrier()).await?;
-    arrived?;
+    // Every rank's shard is saved once every rank has sent its digest.
+    let (t, digests) = blocking(t, move |t| t.collective.all_gather(digest.into_bytes())).await?;
     let mut meta = meta.clone();
+    meta.shard_sha256 = digests?.into_iter().map(|d| String::from_utf8_lossy(&d).into_owned()).collect();
     meta.world_size = world;
     meta.created_unix = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
     checkpoint::seal(&sources.checkpoints, &meta).await?;
     tracing::info!(step, "checkpoint sealed");
+    let best = match &sources.run {
+        Some(run) => run.best_version().await,
+        None => None,
+    };
+    let deleted = checkpoint::prune(&sources.checkpoints, sources.keep_checkpoints, best).await?;
+    if !deleted.is_empty() {
+        tracing::info!(?deleted, kept = sources.keep_checkpoints, ?best, "older checkpoints deleted");
+    }
     Ok(t)
 }

@@ -288,12 +288,13 @@ pub async fn run(
             redis: redis.clone(),
             patience: config.fault_patience,
             checkpoints: checkpoints.clone(),
+            keep_checkpoints: config.keep_checkpoints,
             database: database.clone(),
             publisher: publish::Publisher::new(&config.policy_servers, token.as_ref())?,
             model_dir,
             model_config,
-            run_end: match &config.orchestrator {
-                Some(address) => Some(run_spec::RunEnd::new(address, token.as_ref(), &config.run_id)?),
+            run: match &config.orchestrator {
+                Some(address) => Some(run_spec::RunRecord::new(address, token.as_ref(), &config.run_id)?),
                 None => None,
             },
         };

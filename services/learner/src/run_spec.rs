@@ -53,37 +53,48 @@ pub async fn fetch(address: &str, token: Option<&sleuth_kit::BearerToken>, run_i
     }
 }
 
-/// Asks the orchestrator whether the run is over: once it has published its
-/// last group and the learner has taken them all, the learner trains what is
-/// left as a final step, seals its last checkpoint and exits.
+/// The run as its orchestrator records it, asked two things: whether the run
+/// is over (once it has published its last group and the learner has taken
+/// them all, the learner trains what is left as a final step, seals its last
+/// checkpoint and exits), and which version validation chose (its checkpoint
+/// is kept).
 #[derive(Clone)]
-pub struct RunEnd {
+pub struct RunRecord {
     client: RolloutOrchestratorClient<sleuth_kit::client::MeshChannel>,
     run_id: String,
     address: String,
 }
 
-impl RunEnd {
+impl RunRecord {
     pub fn new(address: &str, token: Option<&sleuth_kit::BearerToken>, run_id: &str) -> Result<Self, Error> {
         let client = RolloutOrchestratorClient::new(sleuth_kit::client::connect_lazy(address, token)?);
         Ok(Self { client, run_id: run_id.to_owned(), address: address.to_owned() })
     }
 
-    /// The number of groups the run published, once it succeeded (they are
-    /// then all it will publish); `None` while it runs, failed (it may be
-    /// resumed) or the orchestrator cannot be asked (the learner asks again).
-    pub async fn groups_published(&mut self) -> Option<u64> {
-        use sleuth_proto::rollout::v1::RunStatus;
-        match self.client.get_run(GetRunRequest { run_id: self.run_id.clone() }).await {
-            Ok(run) => {
-                let run = run.into_inner();
-                (run.status == RunStatus::Succeeded as i32).then(|| run.progress.map_or(0, |p| p.groups_published))
-            }
+    /// The run, or `None` (logged) when the orchestrator cannot be asked.
+    async fn get(&self, asking: &str) -> Option<sleuth_proto::rollout::v1::Run> {
+        match self.client.clone().get_run(GetRunRequest { run_id: self.run_id.clone() }).await {
+            Ok(run) => Some(run.into_inner()),
             Err(status) => {
-                tracing::warn!(orchestrator = %self.address, code = ?status.code(), message = status.message(), "cannot ask whether the run is over");
+                tracing::warn!(orchestrator = %self.address, code = ?status.code(), message = status.message(), "cannot ask {asking}");
                 None
             }
         }
+    }
+
+    /// The number of groups the run published, once it succeeded (they are
+    /// then all it will publish); `None` while it runs, failed (it may be
+    /// resumed) or the orchestrator cannot be asked (the learner asks again).
+    pub async fn groups_published(&self) -> Option<u64> {
+        use sleuth_proto::rollout::v1::RunStatus;
+        let run = self.get("whether the run is over").await?;
+        (run.status == RunStatus::Succeeded as i32).then(|| run.progress.map_or(0, |p| p.groups_published))
+    }
+
+    /// The version with the best validation score so far, if the run
+    /// validates and has validated one.
+    pub async fn best_version(&self) -> Option<u64> {
+        Some(self.get("which version validation chose").await?.best_version).filter(|version| *version > 0)
     }
 }
 

@@ -96,8 +96,13 @@ fn learner(env: &Env, run: &str, checkpoints: &Path) -> Result<Child> {
 }
 
 fn learner_until(env: &Env, run: &str, checkpoints: &Path, max_steps: u64) -> Result<Child> {
+    Ok(learner_command(env, run, checkpoints, max_steps)?.spawn()?)
+}
+
+fn learner_command(env: &Env, run: &str, checkpoints: &Path, max_steps: u64) -> Result<Command> {
     let port = sleuth_testkit::free_port()?;
-    Ok(Command::new(env!("CARGO_BIN_EXE_learner"))
+    let mut command = Command::new(env!("CARGO_BIN_EXE_learner"));
+    command
         .args(["--listen", &format!("127.0.0.1:{port}"), "--run-id", run, "--device", "cpu", "--dtype", "f32"])
         .args(["--redis-url", &env.redis_url, "--database-url", &env.database])
         .arg("--model")
@@ -106,8 +111,8 @@ fn learner_until(env: &Env, run: &str, checkpoints: &Path, max_steps: u64) -> Re
         .arg(checkpoints)
         .args(["--global-batch-size", "2", "--checkpoint-every", "2", "--max-steps", &max_steps.to_string()])
         .args(["--learning-rate", "0.01", "--max-staleness", "100", "--micro-batch", "2", "--torch-threads", "1"])
-        .env("SLEUTH_LOG", "warn")
-        .spawn()?)
+        .env("SLEUTH_LOG", "warn");
+    Ok(command)
 }
 
 fn wait_exit(child: &mut Child, limit: Duration) -> Result<()> {
@@ -203,6 +208,54 @@ async fn a_killed_learner_resumes_to_the_uninterrupted_result() -> Result<()> {
     assert_eq!(meta["groups_rejected"], 1);
     assert_eq!(meta["groups_filtered"], 1);
     assert_eq!(recorded_steps(&env.database, "crashed").await?, (1..=STEPS).collect::<Vec<_>>());
+    Ok(())
+}
+
+/// A checkpoint damaged after it was sealed (one flipped byte: the file still
+/// parses; only its recorded digest tells) is passed over for the one before,
+/// whose later groups are trained again; checkpoints older than the newest
+/// kept are deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_checkpoint_falls_back_to_the_one_before_and_old_ones_are_pruned() -> Result<()> {
+    let scratch = tempfile::tempdir()?;
+    let (env, _redis_server) = Env::start(scratch.path())?;
+    let redis = RedisStore::open(&env.redis_url)?;
+    for entry in entries() {
+        publish(&redis, "damaged", &entry).await?;
+    }
+    let dir = scratch.path().join("checkpoints");
+    let keeping_two = || -> Result<Child> {
+        Ok(learner_command(&env, "damaged", &dir, STEPS)?.env("SLEUTH_KEEP_CHECKPOINTS", "2").spawn()?)
+    };
+    tokio::task::block_in_place(|| wait_exit(&mut keeping_two()?, Duration::from_secs(120)))?;
+    let on_disk = || -> Result<Vec<String>> {
+        let mut names: Vec<String> = std::fs::read_dir(&dir)?
+            .map(|e| Ok(e?.file_name().to_string_lossy().into_owned()))
+            .collect::<Result<_>>()?;
+        names.sort();
+        Ok(names)
+    };
+    assert_eq!(on_disk()?, ["step-00000004", "step-00000006"], "checkpoints at 2, 4 and 6; the newest 2 kept");
+
+    let shard = dir.join("step-00000006/rank-0-of-1.safetensors");
+    let mut bytes = std::fs::read(&shard)?;
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x40;
+    std::fs::write(&shard, bytes)?;
+    // Steps 5 and 6 again, from fresh groups: their first groups were
+    // acknowledged when the damaged checkpoint was sealed.
+    for index in 0..2 * BATCH {
+        publish(&redis, "damaged", &group(100 + index, false).encode_to_vec()).await?;
+    }
+    tokio::task::block_in_place(|| wait_exit(&mut keeping_two()?, Duration::from_secs(120)))?;
+
+    let meta: learner::checkpoint::Meta = serde_json::from_slice(&std::fs::read(dir.join("step-00000006/meta.json"))?)?;
+    assert_eq!(meta.shard_sha256, [learner::checkpoint::digest(&std::fs::read(&shard)?)], "step 6 sealed again");
+    assert_eq!(meta.groups_consumed, 12, "8 groups up to step 4, then the 4 fresh ones");
+    let consumer = GroupConsumer::open(redis.clone(), "damaged", "inspector").await?;
+    assert_eq!(consumer.backlog().await?, (0, 0));
+    assert_eq!(recorded_steps(&env.database, "damaged").await?, (1..=STEPS).collect::<Vec<_>>());
+    assert_eq!(on_disk()?, ["step-00000004", "step-00000006"]);
     Ok(())
 }
 

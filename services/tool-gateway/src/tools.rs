@@ -135,12 +135,10 @@ pub fn parse_call(name: &str, arguments_json: &str) -> Result<ToolCall, Error> {
                 None => Err(invalid(format!("{name}: missing required argument doc_id"))),
             }
         }
-        other => {
-            Err(invalid(format!(
-                "unknown tool {:?} (known: {BM25_SEARCH}, {VECTOR_SEARCH}, {HYBRID_SEARCH}, {READ_DOCUMENT}; ListTools says which a collection offers)",
-                shorten(other, 80)
-            )))
-        }
+        other => Err(invalid(format!(
+            "unknown tool {:?} (known: {BM25_SEARCH}, {VECTOR_SEARCH}, {HYBRID_SEARCH}, {READ_DOCUMENT}; ListTools says which a collection offers)",
+            shorten(other, 80)
+        ))),
     }
 }
 
