@@ -20,6 +20,9 @@ pub enum ErrorKind {
     AlreadyExists,
     /// The system is not in a state that allows the request (e.g. an older weight version).
     FailedPrecondition,
+    /// Lost a race with a concurrent change (e.g. two turns of one episode at
+    /// once); the caller may retry from a fresh read.
+    Aborted,
     /// Overloaded: retry after the given delay.
     ResourceExhausted { retry_after: Duration },
     /// A dependency is down; retrying later may work.
@@ -40,6 +43,7 @@ impl ErrorKind {
             ErrorKind::NotFound => "not_found",
             ErrorKind::AlreadyExists => "already_exists",
             ErrorKind::FailedPrecondition => "failed_precondition",
+            ErrorKind::Aborted => "aborted",
             ErrorKind::ResourceExhausted { .. } => "resource_exhausted",
             ErrorKind::Unavailable => "unavailable",
             ErrorKind::Unauthenticated => "unauthenticated",
@@ -75,6 +79,7 @@ pub fn into_status<E: ServiceError + ?Sized>(error: &E) -> Status {
         ErrorKind::NotFound => Code::NotFound,
         ErrorKind::AlreadyExists => Code::AlreadyExists,
         ErrorKind::FailedPrecondition => Code::FailedPrecondition,
+        ErrorKind::Aborted => Code::Aborted,
         ErrorKind::ResourceExhausted { retry_after } => {
             let mut status =
                 Status::resource_exhausted(format!("{message}; retry after {} ms", retry_after.as_millis()));

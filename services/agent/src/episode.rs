@@ -106,6 +106,7 @@ pub async fn run(clients: &Clients, request: &RunEpisodeRequest) -> Episode {
                         .as_mut()
                         .map(|t| t.reply(observation, max_turns - turns))
                         .unwrap_or_default(),
+                    turns_before: Some(turns),
                     ..Default::default()
                 };
                 let response = match clients.model.clone().chat(chat).await {

@@ -2,7 +2,6 @@
 
 use std::time::Duration;
 
-use redis::AsyncCommands;
 use sleuth_proto::common::v1::{SegmentKind, Trace, TraceSegment};
 use sleuth_store::RedisStore;
 
@@ -30,6 +29,12 @@ impl EpisodeRecord {
 
     pub fn trace_mut(&mut self) -> &mut Trace {
         self.trace.get_or_insert_with(Trace::default)
+    }
+
+    /// Assistant turns recorded so far (the next turn's number).
+    pub fn turns(&self) -> u32 {
+        let policy = SegmentKind::Policy as i32;
+        self.trace().segments.iter().filter(|s| s.kind == policy).map(|s| s.turn + 1).max().unwrap_or(0)
     }
 
     /// The token sequence so far: every segment, in order.
@@ -73,16 +78,50 @@ impl EpisodeRecord {
     }
 }
 
-/// Records in Redis under `sleuth:episode:<id>`, expiring `ttl` after the last write.
+/// Records in Redis under `sleuth:episode:<id>`, a hash of the record and its
+/// revision (the number of saves). A save applies only to the revision its
+/// turn loaded, so of two concurrent turns one fails instead of one silently
+/// overwriting the other; every read and write restarts the `ttl`, which so
+/// runs from the episode's last activity.
 #[derive(Clone)]
 pub struct TraceStore {
     redis: RedisStore,
     ttl: Duration,
 }
 
+/// A record as loaded, with the revision its save must find.
+#[derive(Debug, Clone)]
+pub struct Loaded {
+    pub record: EpisodeRecord,
+    /// Saves so far; 0 for an episode without a trace yet.
+    pub revision: u64,
+}
+
 /// Attempts for a trace write before the episode is failed, and the first backoff.
 const WRITE_ATTEMPTS: u32 = 4;
 const FIRST_BACKOFF: Duration = Duration::from_millis(50);
+
+/// What [`SAVE`] answers when the trace expired while the turn ran.
+const GONE: i64 = -2;
+
+/// Reads the record and its revision, restarting the TTL of one that exists.
+const LOAD: &str = r"
+local found = redis.call('HMGET', KEYS[1], 'revision', 'record')
+if found[2] then redis.call('EXPIRE', KEYS[1], ARGV[1]) end
+return found
+";
+
+/// Writes the record if the revision is still ARGV[1]; returns the new
+/// revision, -1 when another save came first, or [`GONE`] when the trace
+/// expired since it was loaded.
+const SAVE: &str = r"
+local current = tonumber(redis.call('HGET', KEYS[1], 'revision') or '0')
+if current == 0 and tonumber(ARGV[1]) > 0 then return -2 end
+if current ~= tonumber(ARGV[1]) then return -1 end
+redis.call('HSET', KEYS[1], 'revision', current + 1, 'record', ARGV[2])
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+return current + 1
+";
 
 impl TraceStore {
     pub fn new(redis: RedisStore, ttl: Duration) -> Self {
@@ -93,38 +132,60 @@ impl TraceStore {
         format!("sleuth:episode:{episode}")
     }
 
-    /// The episode's record, or None when it has none (new or expired).
-    pub async fn load(&self, episode: &str) -> Result<Option<EpisodeRecord>, Error> {
-        let mut connection = self.redis.connection().await?;
-        let bytes: Option<Vec<u8>> = connection
-            .get(Self::key(episode))
-            .await
-            .map_err(|e| Error::Internal(format!("reading the trace of episode {episode}: {e}")))?;
-        bytes
-            .map(|bytes| {
-                <EpisodeRecord as prost::Message>::decode(bytes.as_slice())
-                    .map_err(|e| Error::Internal(format!("trace of episode {episode} is corrupt: {e}")))
-            })
-            .transpose()
+    fn ttl_seconds(&self) -> u64 {
+        self.ttl.as_secs().max(1)
     }
 
-    /// Writes the record, retrying transient failures with backoff; an error
-    /// here means the turn's tokens would be lost, so the caller fails the turn.
-    pub async fn save(&self, episode: &str, record: &EpisodeRecord) -> Result<(), Error> {
-        let bytes = prost::Message::encode_to_vec(record);
+    /// The episode's record and revision: revision 0 with a fresh record when
+    /// it has none (new or expired).
+    pub async fn load(&self, episode: &str) -> Result<Loaded, Error> {
+        let mut connection = self.redis.connection().await?;
+        let (revision, bytes): (Option<u64>, Option<Vec<u8>>) = redis::Script::new(LOAD)
+            .key(Self::key(episode))
+            .arg(self.ttl_seconds())
+            .invoke_async(&mut connection)
+            .await
+            .map_err(|e| Error::Internal(format!("reading the trace of episode {episode}: {e}")))?;
+        let Some(bytes) = bytes else { return Ok(Loaded { record: EpisodeRecord::new(episode), revision: 0 }) };
+        let record = <EpisodeRecord as prost::Message>::decode(bytes.as_slice())
+            .map_err(|e| Error::Internal(format!("trace of episode {episode} is corrupt: {e}")))?;
+        Ok(Loaded { record, revision: revision.unwrap_or_default() })
+    }
+
+    /// The episode's record, or None when it has none (new or expired).
+    pub async fn get(&self, episode: &str) -> Result<Option<EpisodeRecord>, Error> {
+        let loaded = self.load(episode).await?;
+        Ok((loaded.revision > 0).then_some(loaded.record))
+    }
+
+    /// Writes `loaded`'s record over the revision it was loaded at, retrying
+    /// transient failures with backoff, and returns the new revision. An error
+    /// means the turn's tokens would be lost, so the caller fails the turn:
+    /// [`Error::ConcurrentTurn`] when another save came first.
+    pub async fn save(&self, episode: &str, loaded: &Loaded) -> Result<u64, Error> {
+        let bytes = prost::Message::encode_to_vec(&loaded.record);
         let mut backoff = FIRST_BACKOFF;
         let mut last = String::new();
         for attempt in 1..=WRITE_ATTEMPTS {
-            let result = async {
+            let result: Result<i64, String> = async {
                 let mut connection = self.redis.connection().await.map_err(|e| e.to_string())?;
-                connection
-                    .set_ex::<_, _, ()>(Self::key(episode), bytes.as_slice(), self.ttl.as_secs().max(1))
+                redis::Script::new(SAVE)
+                    .key(Self::key(episode))
+                    .arg(loaded.revision)
+                    .arg(bytes.as_slice())
+                    .arg(self.ttl_seconds())
+                    .invoke_async(&mut connection)
                     .await
                     .map_err(|e| e.to_string())
             }
             .await;
             match result {
-                Ok(()) => return Ok(()),
+                Ok(revision) if revision > 0 => return Ok(revision as u64),
+                // A retry after a lost reply finds its own write: the revision moved by one
+                // and the record is ours.
+                Ok(_) if attempt > 1 && self.is_ours(episode, loaded, &bytes).await => return Ok(loaded.revision + 1),
+                Ok(GONE) => return Err(Error::TraceGone { episode: episode.to_owned() }),
+                Ok(_) => return Err(Error::ConcurrentTurn { episode: episode.to_owned() }),
                 Err(message) => {
                     tracing::warn!(episode, attempt, error = %message, "trace write failed, retrying");
                     last = message;
@@ -136,5 +197,13 @@ impl TraceStore {
             }
         }
         Err(Error::TraceLost { episode: episode.to_owned(), attempts: WRITE_ATTEMPTS, message: last })
+    }
+
+    /// Whether the stored record is `bytes` at the revision after `loaded`'s.
+    async fn is_ours(&self, episode: &str, loaded: &Loaded, bytes: &[u8]) -> bool {
+        match self.load(episode).await {
+            Ok(now) => now.revision == loaded.revision + 1 && prost::Message::encode_to_vec(&now.record) == bytes,
+            Err(_) => false,
+        }
     }
 }

@@ -17,6 +17,22 @@ pub enum Error {
     /// The trace could not be written after retries: the episode must fail, not train on a gap.
     #[error("episode {episode}: trace not saved after {attempts} attempts: {message}")]
     TraceLost { episode: String, attempts: u32, message: String },
+    /// Another turn of the episode was recorded since this one read the trace:
+    /// this turn's tokens are not recorded (they would overwrite the other's).
+    #[error(
+        "episode {episode}: another turn was recorded while this one ran (turns of one episode run one at a time); nothing of this turn was recorded"
+    )]
+    ConcurrentTurn { episode: String },
+    /// The caller continues an episode whose trace is gone.
+    #[error(
+        "episode {episode} continues, but its trace is gone: it expired (SLEUTH_TRACE_TTL after its last activity) or the episode began elsewhere; its tokens cannot be recorded, so start a new episode"
+    )]
+    TraceGone { episode: String },
+    /// The caller's count of turns disagrees with the trace's.
+    #[error(
+        "episode {episode}: turns_before is {turns_before} but the trace holds {recorded} turns (a concurrent or replayed turn); nothing of this turn was recorded"
+    )]
+    TurnsDisagree { episode: String, turns_before: u32, recorded: u32 },
     #[error("{0}")]
     Internal(String),
     #[error(transparent)]
@@ -32,7 +48,8 @@ impl ServiceError for Error {
         match self {
             Error::InvalidArgument(_) => ErrorKind::InvalidArgument,
             Error::NotFound(_) => ErrorKind::NotFound,
-            Error::Drift { .. } => ErrorKind::FailedPrecondition,
+            Error::Drift { .. } | Error::TraceGone { .. } => ErrorKind::FailedPrecondition,
+            Error::ConcurrentTurn { .. } | Error::TurnsDisagree { .. } => ErrorKind::Aborted,
             Error::Policy(status) if status.code() == tonic::Code::InvalidArgument => ErrorKind::InvalidArgument,
             Error::Policy(status) if status.code() == tonic::Code::ResourceExhausted => {
                 ErrorKind::ResourceExhausted { retry_after: std::time::Duration::from_millis(500) }

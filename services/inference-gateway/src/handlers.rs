@@ -8,7 +8,7 @@ use sleuth_proto::policy::v1::{FinishReason, GenerateRequest};
 use tonic::{Request, Response, Status};
 
 use crate::conversation::Renderer;
-use crate::episode::{EpisodeRecord, TraceStore};
+use crate::episode::TraceStore;
 use crate::error::Error;
 use crate::metrics::METRICS;
 use sleuth_kit::ServiceError;
@@ -97,7 +97,7 @@ impl InferenceGateway for Handlers {
         let episode = request.into_inner().episode_id;
         let record = self
             .traces
-            .load(&episode)
+            .get(&episode)
             .await?
             .ok_or_else(|| Error::NotFound(format!("no trace for episode {episode:?}")))?;
         Ok(Response::new(record.trace().clone()))
@@ -140,22 +140,30 @@ impl Handlers {
         let messages: Vec<Json> = request.messages.iter().map(message_json).collect();
         let tools = request.tools.iter().map(tool_json).collect::<Result<Vec<_>, _>>()?;
 
-        let mut record = self.traces.load(&episode).await?.unwrap_or_else(|| EpisodeRecord::new(&episode));
-        let seen = record.messages_seen as usize;
+        let mut loaded = self.traces.load(&episode).await?;
+        let turn = loaded.record.turns();
+        match request.turns_before {
+            Some(turns_before) if turns_before > 0 && loaded.revision == 0 => return Err(Error::TraceGone { episode }),
+            Some(turns_before) if turns_before != turn => {
+                return Err(Error::TurnsDisagree { episode, turns_before, recorded: turn });
+            }
+            _ => {}
+        }
+        let seen = loaded.record.messages_seen as usize;
         if messages.len() < seen {
             return Err(Error::InvalidArgument(format!(
                 "messages has {} entries but episode {episode} already covers {seen}: history is never truncated",
                 messages.len()
             )));
         }
-        let recorded = record.tokens();
+        let recorded = loaded.record.tokens();
         let next = self.renderer.next_prompt(&recorded, seen, &messages, &tools)?;
         if next.drift {
-            record.trace_mut().drift_events += 1;
+            loaded.record.trace_mut().drift_events += 1;
             METRICS.drift_events.inc();
             tracing::warn!(episode = %episode, "conversation drifted from the recorded tokens");
             if self.on_drift == OnDrift::Fail {
-                self.traces.save(&episode, &record).await?;
+                self.traces.save(&episode, &loaded).await?;
                 return Err(Error::Drift {
                     episode,
                     message: "the conversation no longer matches the recorded tokens".into(),
@@ -191,19 +199,11 @@ impl Handlers {
         let policy_wait = policy_started.elapsed();
         tracing::debug!(episode = %episode, %replica, tokens = generated.token_ids.len(), "turn generated");
 
-        let turn = record
-            .trace()
-            .segments
-            .iter()
-            .filter(|s| s.kind == SegmentKind::Policy as i32)
-            .map(|s| s.turn + 1)
-            .max()
-            .unwrap_or(0);
         let observed = request.messages[seen..].iter().any(|m| m.role == "tool");
         let kind = if observed { SegmentKind::Observation } else { SegmentKind::Prompt };
         let version = generated.policy_versions.first().copied().unwrap_or_default();
-        record.push_context(turn, kind, &next.new_tokens, version);
-        record.push_sampled(turn, &generated.token_ids, &generated.logprobs, &generated.policy_versions);
+        loaded.record.push_context(turn, kind, &next.new_tokens, version);
+        loaded.record.push_sampled(turn, &generated.token_ids, &generated.logprobs, &generated.policy_versions);
         // The policy server ends at the token completing a stop string; the
         // reply's text ends before the string (OpenAI's `stop`). The trace keeps
         // every token the policy generated.
@@ -211,11 +211,11 @@ impl Handlers {
         let cut = stop.iter().filter_map(|s| text.find(s.as_str())).min().unwrap_or(text.len());
         let reply = sleuth_chat::parse_reply(&text[..cut]);
         if reply.malformed {
-            record.trace_mut().malformed_tool_calls += 1;
+            loaded.record.trace_mut().malformed_tool_calls += 1;
             METRICS.malformed_tool_calls.inc();
         }
-        record.messages_seen = messages.len() as u32 + 1;
-        self.traces.save(&episode, &record).await?;
+        loaded.record.messages_seen = messages.len() as u32 + 1;
+        self.traces.save(&episode, &loaded).await?;
 
         let finish_reason = if !reply.tool_calls.is_empty() {
             "tool_calls"

@@ -105,7 +105,9 @@ impl IntoResponse for ApiError {
             ErrorKind::NotFound => (StatusCode::NOT_FOUND, "not_found_error"),
             ErrorKind::Unauthenticated => (StatusCode::UNAUTHORIZED, "authentication_error"),
             ErrorKind::ResourceExhausted { .. } => (StatusCode::TOO_MANY_REQUESTS, "rate_limit_error"),
-            ErrorKind::FailedPrecondition | ErrorKind::AlreadyExists => (StatusCode::CONFLICT, "invalid_request_error"),
+            ErrorKind::FailedPrecondition | ErrorKind::AlreadyExists | ErrorKind::Aborted => {
+                (StatusCode::CONFLICT, "invalid_request_error")
+            }
             ErrorKind::Unavailable => (StatusCode::SERVICE_UNAVAILABLE, "server_error"),
             ErrorKind::Unimplemented | ErrorKind::Internal => (StatusCode::INTERNAL_SERVER_ERROR, "server_error"),
         };
@@ -222,6 +224,9 @@ async fn complete(state: &AppState, episode: String, body: Value) -> Result<Json
             })
             .collect(),
         tool_choice: String::new(),
+        // OpenAI clients do not count turns: the trace's atomic save still
+        // refuses a turn that races another.
+        turns_before: None,
         sampling: Some(SamplingParams {
             temperature: request.temperature,
             top_p: request.top_p,

@@ -77,6 +77,11 @@ struct OneReplica {
 }
 
 async fn one_replica() -> Result<OneReplica> {
+    one_replica_with(&[]).await
+}
+
+/// [`one_replica`] with `extra` gateway flags.
+async fn one_replica_with(extra: &[&str]) -> Result<OneReplica> {
     let model = sleuth_testkit::smollm2()?;
     let model = model.to_str().context("utf-8 path")?.to_owned();
     let redis = sleuth_testkit::redis()?;
@@ -86,7 +91,7 @@ async fn one_replica() -> Result<OneReplica> {
         ["policy-server", "--listen", "127.0.0.1:0", "--device", "cpu", "--dtype", "f32", "--model", &model]
     );
     let (gateway_addr, gateway_stop) =
-        start!(inference_gateway, gateway_args(&model, &redis_url, &policy_addr, "127.0.0.1:0", &[]));
+        start!(inference_gateway, gateway_args(&model, &redis_url, &policy_addr, "127.0.0.1:0", extra));
     serving(&gateway_addr, "sleuth.inference.v1.InferenceGateway").await?;
     let gateway = InferenceGatewayClient::new(connect(&gateway_addr, None, Duration::from_secs(5)).await?);
     Ok(OneReplica {
@@ -450,6 +455,65 @@ async fn the_official_openai_client_runs_a_tool_calling_round_trip() -> Result<(
     let (prompt, policy, observation) =
         (SegmentKind::Prompt as i32, SegmentKind::Policy as i32, SegmentKind::Observation as i32);
     assert_eq!(kinds, [prompt, policy, observation, policy]);
+    Ok(())
+}
+
+/// Turns of one episode are recorded one at a time: of concurrent turns over
+/// one history, one is recorded and the others are refused, never silently
+/// overwritten. A caller's count of turns must match the trace's; a trace
+/// gone with its TTL is refused, not restarted; reading a trace keeps it alive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn turns_of_an_episode_are_atomic_and_an_expired_trace_is_refused() -> Result<()> {
+    // Longer than a turn takes here, shorter than the test's idle wait.
+    let stack = one_replica_with(&["--trace-ttl", "5s"]).await?;
+    let history = [user("Name a colour.")];
+    let racing: Vec<_> = (0..6)
+        .map(|_| {
+            let mut gateway = stack.gateway.clone();
+            let request = chat("race", &history);
+            tokio::spawn(async move { gateway.chat(request).await })
+        })
+        .collect();
+    let mut recorded = Vec::new();
+    for turn in racing {
+        match turn.await? {
+            Ok(response) => recorded.push(response.into_inner()),
+            // Refused as concurrent, or (once one was recorded) as a history behind the trace.
+            Err(status) => assert!(matches!(status.code(), Code::Aborted | Code::InvalidArgument), "{status:?}"),
+        }
+    }
+    assert_eq!(recorded.len(), 1, "exactly one of the concurrent turns is recorded");
+    let mut gateway = stack.gateway.clone();
+    let trace = gateway.get_trace(pb::GetTraceRequest { episode_id: "race".into() }).await?.into_inner();
+    let sampled: Vec<&Vec<u32>> =
+        trace.segments.iter().filter(|s| s.kind == SegmentKind::Policy as i32).map(|s| &s.token_ids).collect();
+    assert_eq!(sampled, [&recorded[0].token_ids]);
+
+    // The caller counts turns: a replayed first turn is refused.
+    let counted = |turns_before: u32, messages: &[ChatMessage]| {
+        let mut request = chat("counted", messages);
+        request.turns_before = Some(turns_before);
+        request
+    };
+    let first = gateway.chat(counted(0, &history)).await.context("first counted turn")?.into_inner();
+    let mut messages = history.to_vec();
+    messages.extend([first.message.context("reply")?, user("Another one.")]);
+    let replayed = gateway.chat(counted(0, &messages)).await.expect_err("a replayed turn is refused");
+    assert_eq!(replayed.code(), Code::Aborted, "{replayed:?}");
+    assert!(replayed.message().contains("holds 1 turns"), "{}", replayed.message());
+    let second = gateway.chat(counted(1, &messages)).await.context("second counted turn")?.into_inner();
+    messages.extend([second.message.context("reply")?, user("And another.")]);
+
+    // Reads keep the trace alive past its TTL; idleness lets it expire, and
+    // the next turn is refused instead of starting a new trace.
+    for _ in 0..4 {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        gateway.get_trace(pb::GetTraceRequest { episode_id: "counted".into() }).await?;
+    }
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let expired = gateway.chat(counted(2, &messages)).await.expect_err("an expired trace is refused");
+    assert_eq!(expired.code(), Code::FailedPrecondition, "{expired:?}");
+    assert!(expired.message().contains("expired"), "{}", expired.message());
     Ok(())
 }
 
