@@ -67,6 +67,8 @@ pub struct ModelFacts {
     pub eos_token_ids: Vec<u32>,
     pub version: u64,
     pub kv_budget_tokens: u64,
+    /// Every parameter's name and shape: what `UpdateWeights` may stream.
+    pub parameters: std::sync::Arc<crate::weights::Parameters>,
 }
 
 /// New weights: named tensors (HF names) or a checkpoint directory.
@@ -284,6 +286,7 @@ impl Scheduler {
             eos_token_ids: config.eos_token_ids(),
             version: 0,
             kv_budget_tokens: limits.kv_budget_tokens as u64,
+            parameters: std::sync::Arc::new(vars.variables().into_iter().map(|(name, t)| (name, t.size())).collect()),
         };
         Ok(Scheduler {
             model,

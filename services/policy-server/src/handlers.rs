@@ -1,6 +1,5 @@
 //! gRPC handlers: validation and translation between the proto and the engine.
 
-use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
@@ -13,8 +12,9 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::codegen::BoxStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::engine::{Engine, Event, Finish, Job, RawTensor, StopStrings, Weights};
+use crate::engine::{Engine, Event, Finish, Job, StopStrings, Weights};
 use crate::error::Error;
+use crate::weights::Assembly;
 
 pub struct Handlers {
     pub engine: Arc<OnceLock<Result<Engine, String>>>,
@@ -92,15 +92,6 @@ fn finish_reason(finish: Finish) -> i32 {
     match finish {
         Finish::Stop => pb::FinishReason::Stop as i32,
         Finish::Length => pb::FinishReason::Length as i32,
-    }
-}
-
-fn dtype(value: i32) -> Result<(Kind, usize), Error> {
-    match pb::DType::try_from(value) {
-        Ok(pb::DType::DtypeF32) => Ok((Kind::Float, 4)),
-        Ok(pb::DType::DtypeBf16) => Ok((Kind::BFloat16, 2)),
-        Ok(pb::DType::DtypeF16) => Ok((Kind::Half, 2)),
-        _ => Err(Error::InvalidArgument(format!("tensor dtype {value} is not one of F32, BF16, F16"))),
     }
 }
 
@@ -183,48 +174,16 @@ impl PolicyServer for Handlers {
                 Weights::Checkpoint(header.checkpoint_uri.clone().into())
             }
         } else {
-            // name -> (kind, element size, shape, bytes so far)
-            let mut buffers: HashMap<String, (Kind, usize, Vec<i64>, Vec<u8>)> = HashMap::new();
+            let facts = engine.facts().await?;
+            let mut assembly = Assembly::new(&facts.parameters, header.tensor_count)?;
             while let Some(message) = stream.message().await? {
                 let Some(pb::update_weights_request::Part::Tensor(chunk)) = message.part else {
                     return Err(Error::InvalidArgument("only one WeightsHeader may be sent".to_owned()).into());
                 };
-                let (kind, size) = dtype(chunk.dtype)?;
-                let shape: Vec<i64> = chunk.shape.iter().map(|&d| d as i64).collect();
-                let entry =
-                    buffers.entry(chunk.name.clone()).or_insert_with(|| (kind, size, shape.clone(), Vec::new()));
-                if entry.3.len() as u64 != chunk.byte_offset || entry.2 != shape || entry.0 != kind {
-                    return Err(Error::InvalidArgument(format!(
-                        "tensor {:?}: chunk at byte_offset {} does not continue the {} bytes received (or changes shape/dtype)",
-                        chunk.name,
-                        chunk.byte_offset,
-                        entry.3.len()
-                    ))
-                    .into());
-                }
-                bytes_received += chunk.data.len() as u64;
-                entry.3.extend_from_slice(&chunk.data);
+                assembly.add(chunk)?;
             }
-            if buffers.len() != header.tensor_count as usize {
-                return Err(Error::InvalidArgument(format!(
-                    "header announced tensor_count {} but {} tensors arrived",
-                    header.tensor_count,
-                    buffers.len()
-                ))
-                .into());
-            }
-            let mut tensors = Vec::with_capacity(buffers.len());
-            for (name, (kind, size, shape, data)) in buffers {
-                let expected = shape.iter().product::<i64>() as usize * size;
-                if data.len() != expected {
-                    return Err(Error::InvalidArgument(format!(
-                        "tensor {name:?}: {} bytes for shape {shape:?} ({expected} expected)",
-                        data.len()
-                    ))
-                    .into());
-                }
-                tensors.push(RawTensor { name, kind, shape, data });
-            }
+            bytes_received = assembly.bytes_received;
+            let tensors = assembly.finish()?;
             Weights::Tensors(tensors)
         };
         let tensors_updated = match &weights {

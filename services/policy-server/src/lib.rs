@@ -13,6 +13,7 @@ pub mod error;
 pub mod handlers;
 pub mod metrics;
 pub mod stop;
+pub mod weights;
 
 use std::future::Future;
 use std::net::SocketAddr;

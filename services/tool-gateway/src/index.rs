@@ -48,6 +48,34 @@ pub struct Manifest {
     pub vectors: Option<VectorManifest>,
 }
 
+/// The largest embedding dimension an index may declare.
+pub const MAX_DIM: u32 = 65_536;
+
+impl Manifest {
+    /// Reads and checks a manifest: the format this build writes, a sane
+    /// embedding dimension and BM25 parameters. An index's files are data;
+    /// nothing in them may crash the gateway.
+    pub fn parse(bytes: &[u8]) -> Result<Self, String> {
+        let manifest: Self = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+        if manifest.format != FORMAT {
+            return Err(format!(
+                "index format {} is not supported (expected {FORMAT}); rebuild the index",
+                manifest.format
+            ));
+        }
+        if let Some(vectors) = &manifest.vectors
+            && !(1..=MAX_DIM).contains(&vectors.dim)
+        {
+            return Err(format!("vectors.dim {} must be from 1 to {MAX_DIM}", vectors.dim));
+        }
+        let bm25 = &manifest.bm25;
+        if !(bm25.k1.is_finite() && bm25.k1 >= 0.0) || !(0.0..=1.0).contains(&bm25.b) {
+            return Err(format!("bm25 k1 {} must be finite and >= 0, b {} from 0 to 1", bm25.k1, bm25.b));
+        }
+        Ok(manifest)
+    }
+}
+
 /// Which model embedded the documents; queries must use the same one.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -233,18 +261,13 @@ pub fn open(dir: &Path) -> Result<OpenIndex, Error> {
         }
         _ => Error::io(&manifest_path, error),
     })?;
-    let manifest: Manifest = serde_json::from_slice(&manifest_bytes)
-        .map_err(|e| Error::InvalidArgument(format!("{}: {e}", manifest_path.display())))?;
-    if manifest.format != FORMAT {
-        return Err(Error::InvalidArgument(format!(
-            "{}: index format {} is not supported (expected {FORMAT}); rebuild the index",
-            manifest_path.display(),
-            manifest.format
-        )));
-    }
+    let manifest = Manifest::parse(&manifest_bytes)
+        .map_err(|message| Error::InvalidArgument(format!("{}: {message}", manifest_path.display())))?;
     let documents_path = dir.join(DOCUMENTS);
     let file = File::open(&documents_path).map_err(|e| Error::io(&documents_path, e))?;
-    let mut documents = Vec::with_capacity(manifest.documents as usize);
+    // The count is data: reserve no more than the documents file could hold.
+    let file_bytes = file.metadata().map_err(|e| Error::io(&documents_path, e))?.len();
+    let mut documents = Vec::with_capacity(manifest.documents.min(file_bytes / 2) as usize);
     for (index, line) in BufReader::new(file).lines().enumerate() {
         let line = line.map_err(|e| Error::io(&documents_path, e))?;
         let document: StoredDocument = serde_json::from_str(&line)
@@ -291,7 +314,7 @@ pub fn open(dir: &Path) -> Result<OpenIndex, Error> {
         Some(info) => {
             let path = dir.join(VECTORS);
             let bytes = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
-            let expected = manifest.documents as usize * info.dim as usize * 4;
+            let expected = (manifest.documents as usize).saturating_mul(info.dim as usize).saturating_mul(4);
             if bytes.len() != expected {
                 return Err(Error::Internal(format!(
                     "{} has {} bytes, expected {expected}",
@@ -319,6 +342,61 @@ mod tests {
     fn build_into(out: &Path) -> Result<Manifest, Error> {
         let source = tiny_collection();
         build(&BeirDir::new(source.path()), out, "tiny", &Bm25Options::default(), BadLines::Fail, None, &mut |_| {})
+    }
+
+    /// A built index whose manifest is replaced by `edit` of the real one.
+    fn open_with_manifest(edit: impl FnOnce(&mut serde_json::Value)) -> Result<OpenIndex, Error> {
+        let parent = tempfile::tempdir().unwrap();
+        let out = parent.path().join("index");
+        build_into(&out).unwrap();
+        let path = out.join(MANIFEST);
+        let mut manifest: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        edit(&mut manifest);
+        std::fs::write(&path, manifest.to_string()).unwrap();
+        open(&out)
+    }
+
+    #[test]
+    fn crafted_manifests_are_refused_not_obeyed() {
+        // A count far past the documents file: refused after reading, nothing reserved for it.
+        let error = open_with_manifest(|m| m["documents"] = serde_json::json!(u64::MAX / 2)).err().unwrap();
+        assert!(error.to_string().contains("holds 1 documents"), "{error}");
+        let vectors = |dim: u64| {
+            move |m: &mut serde_json::Value| {
+                m["vectors"] = serde_json::json!({"model": "m", "dim": dim, "max_tokens": 8, "search": "exact"})
+            }
+        };
+        let error = open_with_manifest(vectors(0)).err().unwrap();
+        assert!(error.to_string().contains("vectors.dim 0"), "{error}");
+        let error = open_with_manifest(|m| m["bm25"]["b"] = serde_json::json!(7.0)).err().unwrap();
+        assert!(error.to_string().contains("b 7"), "{error}");
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 10_000, ..Default::default() })]
+
+        /// Any manifest text: a manifest or a clear error, never a panic.
+        #[test]
+        fn any_manifest_text_parses_or_is_refused(
+            format in proptest::prop_oneof![proptest::strategy::Just(1u64), proptest::prelude::any::<u64>()],
+            documents in proptest::prelude::any::<u64>(),
+            dim in proptest::prelude::any::<u32>(),
+            k1 in proptest::prelude::any::<f32>(),
+            b in proptest::prelude::any::<f32>(),
+            noise in "\\PC{0,40}",
+        ) {
+            let text = format!(
+                r#"{{"format": {format}, "name": "x", "documents": {documents}, "skipped_lines": 0, "source": "s",
+                "bm25": {{"k1": {k1}, "b": {b}, "stemmer": "english", "stop_words": true}},
+                "vectors": {{"model": "m", "dim": {dim}, "max_tokens": 8, "search": "exact"}}}}"#
+            );
+            if let Ok(manifest) = Manifest::parse(text.as_bytes()) {
+                let dim = manifest.vectors.as_ref().map_or(1, |v| v.dim);
+                proptest::prop_assert!((1..=MAX_DIM).contains(&dim));
+            }
+            let _ = Manifest::parse(noise.as_bytes());
+            let _ = Manifest::parse(text.replace(':', &noise).as_bytes());
+        }
     }
 
     #[test]
