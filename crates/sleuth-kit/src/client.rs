@@ -11,11 +11,23 @@ use crate::error::KitError;
 /// A channel to a Sleuth service that sends the mesh's bearer token on every call.
 pub type MeshChannel = InterceptedService<Channel, BearerInterceptor>;
 
+/// HTTP/2 pings on every channel: a peer that stops answering (a hung
+/// process, a dropped NAT entry) fails its calls within seconds instead of
+/// holding them until a deadline far away.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(20);
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Parses `endpoint` ("host:port" or "http://host:port") into a tonic endpoint.
 pub fn endpoint(endpoint: &str, connect_timeout: Duration) -> Result<Endpoint, KitError> {
     let uri = if endpoint.contains("://") { endpoint.to_owned() } else { format!("http://{endpoint}") };
     Endpoint::from_shared(uri)
-        .map(|e| e.connect_timeout(connect_timeout).tcp_nodelay(true))
+        .map(|e| {
+            e.connect_timeout(connect_timeout)
+                .tcp_nodelay(true)
+                .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+                .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+                .keep_alive_while_idle(true)
+        })
         .map_err(|error| KitError::Config { field: "endpoint", message: format!("{endpoint:?}: {error}") })
 }
 
@@ -33,6 +45,23 @@ pub async fn connect(address: &str, token: Option<&BearerToken>, timeout: Durati
         .await
         .map_err(|source| KitError::Connect { endpoint: address.to_owned(), source })?;
     Ok(InterceptedService::new(channel, BearerInterceptor::new(token)))
+}
+
+/// Runs an outbound call with a deadline. The request carries it as
+/// `grpc-timeout`, so the server stops working on it, and the caller stops
+/// waiting when it passes even if the peer never answers (tonic enforces
+/// `grpc-timeout` only on the server side).
+pub async fn within<M, T>(
+    deadline: Duration,
+    message: M,
+    call: impl AsyncFnOnce(tonic::Request<M>) -> Result<T, tonic::Status>,
+) -> Result<T, tonic::Status> {
+    let mut request = tonic::Request::new(message);
+    request.set_timeout(deadline);
+    match tokio::time::timeout(deadline, call(request)).await {
+        Ok(result) => result,
+        Err(_) => Err(tonic::Status::deadline_exceeded(format!("no answer within {deadline:?}"))),
+    }
 }
 
 /// A readiness probe that is healthy when `service` on `address` reports

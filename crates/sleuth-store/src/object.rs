@@ -25,11 +25,16 @@ pub struct S3Args {
     /// Region of the bucket.
     #[arg(long, env = "SLEUTH_S3_REGION", default_value = "us-east-1")]
     pub s3_region: String,
+    /// Deadline of each S3 request attempt (a multi-gigabyte shard must fit
+    /// in it); a server that stops answering fails the request instead of
+    /// hanging it.
+    #[arg(long, env = "SLEUTH_S3_TIMEOUT", default_value = "10m", value_parser = humantime::parse_duration)]
+    pub s3_timeout: std::time::Duration,
 }
 
 impl Default for S3Args {
     fn default() -> Self {
-        Self { s3_endpoint: None, s3_region: "us-east-1".to_owned() }
+        Self { s3_endpoint: None, s3_region: "us-east-1".to_owned(), s3_timeout: std::time::Duration::from_secs(600) }
     }
 }
 
@@ -67,7 +72,13 @@ impl ObjectStore {
             // Checksums only where S3 requires them: several S3-compatible
             // servers reject the newer default trailing checksums.
             .request_checksum_calculation(RequestChecksumCalculation::WhenRequired)
-            .response_checksum_validation(ResponseChecksumValidation::WhenRequired);
+            .response_checksum_validation(ResponseChecksumValidation::WhenRequired)
+            .timeout_config(
+                aws_sdk_s3::config::timeout::TimeoutConfig::builder()
+                    .connect_timeout(std::time::Duration::from_secs(5))
+                    .operation_attempt_timeout(s3.s3_timeout)
+                    .build(),
+            );
         if let Some(endpoint) = &s3.s3_endpoint {
             // S3-compatible servers rarely have wildcard DNS for virtual-hosted buckets.
             config = config.endpoint_url(endpoint).force_path_style(true);

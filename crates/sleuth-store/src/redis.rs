@@ -48,8 +48,11 @@ impl RedisStore {
     /// A connection handle; clones share one multiplexed connection that
     /// reconnects by itself after Redis restarts.
     pub async fn connection(&self) -> Result<ConnectionManager, StoreError> {
+        // No command blocks server-side (stream reads never BLOCK), so an
+        // answer slower than this is a hung server, not a slow command.
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(Duration::from_secs(2)))
+            .set_response_timeout(Some(Duration::from_secs(10)))
             .set_number_of_retries(2);
         self.connection
             .get_or_try_init(|| ConnectionManager::new_with_config(self.client.clone(), config))

@@ -2,7 +2,7 @@
 //! the observations back, until it submits a ranking or a budget ends it.
 //! History is never truncated; the outcome says what ended the episode.
 
-use sleuth_kit::client::MeshChannel;
+use sleuth_kit::client::{MeshChannel, within};
 use sleuth_proto::agent::v1::{AgentConfig, RunEpisodeRequest};
 use sleuth_proto::common::v1::{ChatMessage, Episode, EpisodeOutcome, SamplingParams, SegmentKind, ToolSpec};
 use sleuth_proto::inference::v1 as inference;
@@ -20,8 +20,14 @@ pub const MALFORMED_CALL: &str = "Error: the tool call could not be parsed. Call
 
 #[derive(Clone)]
 pub struct Clients {
+    /// The inference gateway: one call per turn.
     pub model: InferenceGatewayClient<MeshChannel>,
+    /// The tool gateway: the collection's tools and each call of one.
     pub tools: ToolGatewayClient<MeshChannel>,
+    /// Deadline of each tool call.
+    pub tool_timeout: std::time::Duration,
+    /// Deadline of each turn.
+    pub model_timeout: std::time::Duration,
 }
 
 /// How the loop ended.
@@ -109,7 +115,9 @@ pub async fn run(clients: &Clients, request: &RunEpisodeRequest) -> Episode {
                     turns_before: Some(turns),
                     ..Default::default()
                 };
-                let response = match clients.model.clone().chat(chat).await {
+                let response = match within(clients.model_timeout, chat, async |r| clients.model.clone().chat(r).await)
+                    .await
+                {
                     Ok(response) => response.into_inner(),
                     Err(status) if status.code() == Code::InvalidArgument && status.message().contains("context") => {
                         break End::new(EpisodeOutcome::TokenBudget, status.message());
@@ -174,10 +182,8 @@ fn teacher_for(
 
 /// The collection's tools (those `config.tools` names, or all) and the answer tool.
 async fn offered_tools(clients: &Clients, collection: &str, config: &AgentConfig) -> Result<Vec<ToolSpec>, End> {
-    let listed = clients
-        .tools
-        .clone()
-        .list_tools(tools::ListToolsRequest { collection: collection.to_owned() })
+    let listing = tools::ListToolsRequest { collection: collection.to_owned() };
+    let listed = within(clients.tool_timeout, listing, async |r| clients.tools.clone().list_tools(r).await)
         .await
         .map_err(|status| End::new(EpisodeOutcome::ToolError, format!("listing tools: {}", status.message())))?
         .into_inner();
@@ -215,16 +221,17 @@ async fn run_tools(
             observation_char_cap: cap,
             episode_id: episode_id.to_owned(),
         };
-        let observation = match clients.tools.clone().call_tool(request).await {
-            Ok(response) => response.into_inner().observation,
-            // The model's mistake (bad arguments, unknown tool or document): it sees the error and can recover.
-            Err(status) if matches!(status.code(), Code::InvalidArgument | Code::NotFound) => {
-                format!("Error: {}", status.message())
-            }
-            Err(status) => {
-                return Some(End::new(EpisodeOutcome::ToolError, format!("{}: {}", call.name, status.message())));
-            }
-        };
+        let observation =
+            match within(clients.tool_timeout, request, async |r| clients.tools.clone().call_tool(r).await).await {
+                Ok(response) => response.into_inner().observation,
+                // The model's mistake (bad arguments, unknown tool or document): it sees the error and can recover.
+                Err(status) if matches!(status.code(), Code::InvalidArgument | Code::NotFound) => {
+                    format!("Error: {}", status.message())
+                }
+                Err(status) => {
+                    return Some(End::new(EpisodeOutcome::ToolError, format!("{}: {}", call.name, status.message())));
+                }
+            };
         messages.push(ChatMessage {
             role: "tool".into(),
             content: observation,

@@ -46,6 +46,16 @@ pub struct Config {
     #[arg(long, env = "SLEUTH_EPISODE_TIMEOUT", default_value = "24h", value_parser = humantime::parse_duration)]
     pub episode_timeout: std::time::Duration,
 
+    /// Deadline of each tool call (ListTools, CallTool): a tool gateway that
+    /// hangs ends the episode as a tool error instead of holding it.
+    #[arg(long, env = "SLEUTH_TOOL_TIMEOUT", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub tool_timeout: std::time::Duration,
+
+    /// Deadline of each model turn (Chat); longer than the inference
+    /// gateway's own SLEUTH_POLICY_TIMEOUT, so its clearer error comes first.
+    #[arg(long, env = "SLEUTH_MODEL_TIMEOUT", default_value = "10m", value_parser = humantime::parse_duration)]
+    pub model_timeout: std::time::Duration,
+
     /// Episodes this worker runs at once; more are refused with RESOURCE_EXHAUSTED.
     #[arg(long, env = "SLEUTH_MAX_EPISODES", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_episodes: u32,
@@ -126,6 +136,8 @@ pub async fn run(
             token.as_ref(),
         )?),
         tools: ToolGatewayClient::new(sleuth_kit::client::connect_lazy(&config.tool_gateway, token.as_ref())?),
+        tool_timeout: config.tool_timeout,
+        model_timeout: config.model_timeout,
     };
     let handlers = Handlers { clients, slots: Arc::new(Semaphore::new(config.max_episodes as usize)) };
     let mut service = GrpcService::new(AgentServer::new(handlers));

@@ -143,6 +143,11 @@ pub struct Config {
     #[arg(long, env = "SLEUTH_POLICY_SERVERS", value_delimiter = ',')]
     pub policy_servers: Vec<String>,
 
+    /// Deadline of one policy server's UpdateWeights (weights of the whole
+    /// model streamed, or a checkpoint loaded).
+    #[arg(long, env = "SLEUTH_PUBLISH_TIMEOUT", default_value = "10m", value_parser = humantime::parse_duration)]
+    pub publish_timeout: std::time::Duration,
+
     /// libtorch intra-op threads (0: OMP_NUM_THREADS when set, else the CPUs
     /// this process may use, a pod's CPU limit included).
     #[arg(long, env = "SLEUTH_TORCH_THREADS", default_value_t = 0)]

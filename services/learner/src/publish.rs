@@ -64,6 +64,9 @@ pub fn update_requests(version: u64, tensors: &[(String, Tensor)]) -> Vec<Update
 #[derive(Clone)]
 pub struct Publisher {
     servers: Vec<(String, PolicyServerClient<MeshChannel>)>,
+    /// Deadline of each server's UpdateWeights: a hung server fails its
+    /// publication (and is caught up later) instead of stalling the step.
+    timeout: Duration,
 }
 
 /// How one publication went.
@@ -81,13 +84,17 @@ pub struct Published {
 }
 
 impl Publisher {
-    pub fn new(addresses: &[String], token: Option<&sleuth_kit::BearerToken>) -> Result<Self, sleuth_kit::KitError> {
+    pub fn new(
+        addresses: &[String],
+        token: Option<&sleuth_kit::BearerToken>,
+        timeout: Duration,
+    ) -> Result<Self, sleuth_kit::KitError> {
         let servers = addresses
             .iter()
             .filter(|a| !a.is_empty())
             .map(|a| Ok((a.clone(), PolicyServerClient::new(sleuth_kit::client::connect_lazy(a, token)?))))
             .collect::<Result<_, sleuth_kit::KitError>>()?;
-        Ok(Self { servers })
+        Ok(Self { servers, timeout })
     }
 
     pub fn is_empty(&self) -> bool {
@@ -140,7 +147,11 @@ impl Publisher {
         let calls = indices.iter().filter_map(|&i| self.servers.get(i)).map(|(address, client)| {
             let mut client = client.clone();
             let requests = requests.clone();
-            async move { (address.clone(), client.update_weights(tokio_stream::iter(requests)).await) }
+            let stream = tokio_stream::iter(requests);
+            async move {
+                let sent = sleuth_kit::client::within(self.timeout, stream, async |r| client.update_weights(r).await);
+                (address.clone(), sent.await)
+            }
         });
         let mut published = Published::default();
         for (address, result) in futures::future::join_all(calls).await {
