@@ -121,7 +121,7 @@ pub async fn run(
     let wait = |mut stopped: tokio::sync::watch::Receiver<bool>| async move {
         let _ = stopped.wait_for(|&stop| stop).await;
     };
-    let router = openai::router(handlers.clone(), token.clone());
+    let router = openai::router(handlers.clone(), token.clone(), &config.serve);
     let http_server = axum::serve(http, router).with_graceful_shutdown(wait(stopped.clone()));
     tokio::spawn(async move {
         if let Err(error) = http_server.await {

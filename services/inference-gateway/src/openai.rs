@@ -26,14 +26,66 @@ pub const EPISODE_HEADER: &str = "x-sleuth-episode-id";
 #[derive(Clone)]
 struct AppState {
     handlers: Arc<Handlers>,
-    token: Option<BearerToken>,
 }
 
-pub fn router(handlers: Arc<Handlers>, token: Option<BearerToken>) -> axum::Router {
+/// The endpoint behind the same guards as the gRPC services, from the outside
+/// in: the bearer token, checked before the body is read; load shedding and a
+/// concurrency limit (`SLEUTH_MAX_CONCURRENT_REQUESTS`, counted apart from
+/// gRPC's), so a flood gets 429 with retry advice instead of queueing
+/// unbounded; and the request timeout (`SLEUTH_REQUEST_TIMEOUT`).
+pub fn router(handlers: Arc<Handlers>, token: Option<BearerToken>, serve: &sleuth_kit::ServeArgs) -> axum::Router {
+    let limits = tower::ServiceBuilder::new()
+        .layer(axum::error_handling::HandleErrorLayer::new(overloaded))
+        .layer(tower::load_shed::LoadShedLayer::new())
+        .layer(tower::limit::GlobalConcurrencyLimitLayer::new(serve.max_concurrent_requests as usize));
     axum::Router::new()
         .route("/v1/chat/completions", post(from_header))
         .route("/episodes/{episode}/v1/chat/completions", post(from_path))
-        .with_state(AppState { handlers, token })
+        .with_state(AppState { handlers })
+        .layer(axum::middleware::from_fn_with_state(serve.request_timeout, within))
+        .layer(limits)
+        .layer(axum::middleware::from_fn_with_state(token, authenticate))
+}
+
+/// Turns away a request without the mesh's token before anything reads its body.
+async fn authenticate(
+    State(token): State<Option<BearerToken>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let presented = request.headers().get("authorization").and_then(|v| v.to_str().ok()).unwrap_or_default();
+    match &token {
+        Some(token) if !token.matches_header(presented) => {
+            ApiError(Error::Kit(sleuth_kit::KitError::Unauthenticated)).into_response()
+        }
+        _ => next.run(request).await,
+    }
+}
+
+/// Ends a request that runs past `timeout` with 504.
+async fn within(
+    State(timeout): State<std::time::Duration>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    match tokio::time::timeout(timeout, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => {
+            let message = format!("no answer within the request timeout {timeout:?} (SLEUTH_REQUEST_TIMEOUT)");
+            let body = json!({"error": {"message": message, "type": "server_error", "code": null}});
+            (StatusCode::GATEWAY_TIMEOUT, Json(body)).into_response()
+        }
+    }
+}
+
+/// The limit layers' only error is tower's `Overloaded`: 429 with retry advice.
+async fn overloaded(error: tower::BoxError) -> Response {
+    let error = if error.is::<tower::load_shed::error::Overloaded>() {
+        Error::Kit(sleuth_kit::KitError::Overloaded)
+    } else {
+        Error::Internal(format!("request stack: {error}"))
+    };
+    ApiError(error).into_response()
 }
 
 #[derive(Debug, Deserialize)]
@@ -112,17 +164,12 @@ impl IntoResponse for ApiError {
             ErrorKind::Unimplemented | ErrorKind::Internal => (StatusCode::INTERNAL_SERVER_ERROR, "server_error"),
         };
         let body = json!({"error": {"message": sleuth_kit::error::into_status(&self.0).message(), "type": kind, "code": null}});
-        (status, Json(body)).into_response()
-    }
-}
-
-fn authorize(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
-    let Some(token) = &state.token else { return Ok(()) };
-    let presented = headers.get("authorization").and_then(|v| v.to_str().ok()).unwrap_or_default();
-    if token.matches_header(presented) {
-        Ok(())
-    } else {
-        Err(ApiError(Error::Kit(sleuth_kit::KitError::Unauthenticated)))
+        let mut response = (status, Json(body)).into_response();
+        if let ErrorKind::ResourceExhausted { retry_after } = self.0.kind() {
+            let seconds = retry_after.as_secs().max(1).to_string();
+            response.headers_mut().insert("retry-after", seconds.parse().expect("digits are a header value"));
+        }
+        response
     }
 }
 
@@ -131,7 +178,6 @@ async fn from_header(
     headers: HeaderMap,
     body: Json<Value>,
 ) -> Result<Json<Value>, ApiError> {
-    authorize(&state, &headers)?;
     let episode = headers.get(EPISODE_HEADER).and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
     if episode.is_empty() {
         return Err(ApiError(Error::InvalidArgument(format!(
@@ -144,10 +190,8 @@ async fn from_header(
 async fn from_path(
     State(state): State<AppState>,
     Path(episode): Path<String>,
-    headers: HeaderMap,
     body: Json<Value>,
 ) -> Result<Json<Value>, ApiError> {
-    authorize(&state, &headers)?;
     complete(&state, episode, body.0).await
 }
 

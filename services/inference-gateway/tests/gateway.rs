@@ -196,8 +196,12 @@ async fn post(
     headers: &[(&str, &str)],
     body: &serde_json::Value,
 ) -> Result<(u16, serde_json::Value)> {
+    post_text(addr, path, headers, &body.to_string()).await
+}
+
+/// POSTs `body` as it is (valid JSON or not); the status and the JSON answer.
+async fn post_text(addr: &str, path: &str, headers: &[(&str, &str)], body: &str) -> Result<(u16, serde_json::Value)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let body = body.to_string();
     let mut request = format!(
         "POST {path} HTTP/1.1\r\nHost: gateway\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n",
         body.len()
@@ -514,6 +518,56 @@ async fn turns_of_an_episode_are_atomic_and_an_expired_trace_is_refused() -> Res
     let expired = gateway.chat(counted(2, &messages)).await.expect_err("an expired trace is refused");
     assert_eq!(expired.code(), Code::FailedPrecondition, "{expired:?}");
     assert!(expired.message().contains("expired"), "{}", expired.message());
+    Ok(())
+}
+
+/// The HTTP endpoint sits behind the same guards as gRPC: a caller without
+/// the token is turned away before its body is read (an unparsable body
+/// gets 401, not 400), and calls beyond the concurrency limit get 429 with
+/// retry advice in OpenAI's error shape instead of queueing unbounded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_openai_endpoint_is_authenticated_first_and_sheds_load() -> Result<()> {
+    let model = sleuth_testkit::smollm2()?;
+    let model = model.to_str().context("utf-8 path")?.to_owned();
+    let redis = sleuth_testkit::redis()?;
+    let redis_url = sleuth_testkit::redis_url(&redis);
+    let (policy_addr, _policy) = start!(
+        policy_server,
+        ["policy-server", "--listen", "127.0.0.1:0", "--device", "cpu", "--dtype", "f32", "--model", &model]
+    );
+    let http = format!("127.0.0.1:{}", sleuth_testkit::free_port()?);
+    let guarded = ["--auth-token", "s3cret", "--max-concurrent-requests", "1"];
+    let (grpc, _gateway) = start!(inference_gateway, gateway_args(&model, &redis_url, &policy_addr, &http, &guarded));
+    // Health answers without the token.
+    serving(&grpc, "sleuth.inference.v1.InferenceGateway").await?;
+
+    let path = "/episodes/guarded/v1/chat/completions";
+    let (status, body) = post_text(&http, path, &[], "{not json").await?;
+    assert_eq!(status, 401, "{body}");
+    assert_eq!(body["error"]["type"], "authentication_error");
+
+    let request = serde_json::json!({
+        "messages": [{"role": "user", "content": "Write a long story about the sea."}],
+        "max_tokens": 48, "temperature": 0.0
+    });
+    let calls: Vec<_> = (0..4)
+        .map(|i| {
+            let (http, request) = (http.clone(), request.clone());
+            tokio::spawn(async move {
+                let path = format!("/episodes/load-{i}/v1/chat/completions");
+                post(&http, &path, &[("authorization", "Bearer s3cret")], &request).await
+            })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for call in calls {
+        let (status, body) = call.await??;
+        if status == 429 {
+            assert_eq!(body["error"]["type"], "rate_limit_error", "{body}");
+        }
+        statuses.push(status);
+    }
+    assert!(statuses.contains(&200) && statuses.contains(&429), "{statuses:?}");
     Ok(())
 }
 
