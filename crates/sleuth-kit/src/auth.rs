@@ -33,6 +33,12 @@ impl BearerToken {
         a.len() == b.len() && a.iter().zip(b).fold(0u8, |diff, (x, y)| diff | (x ^ y)) == 0
     }
 
+    /// The secret itself, as key material (the learner ranks' handshake MACs
+    /// are keyed by it); never log it.
+    pub fn secret(&self) -> &[u8] {
+        self.0.as_bytes()
+    }
+
     /// The `authorization` metadata value clients send.
     pub fn header_value(&self) -> MetadataValue<tonic::metadata::Ascii> {
         format!("Bearer {}", self.0).parse().expect("token was validated as visible ASCII")

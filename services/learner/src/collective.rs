@@ -10,9 +10,17 @@
 //! built yet: see docs/learner.md).
 //!
 //! Rendezvous follows torchrun / Kubernetes training operators:
-//! `MASTER_ADDR`, `MASTER_PORT`, `WORLD_SIZE`, `RANK`.
+//! `MASTER_ADDR`, `MASTER_PORT`, `WORLD_SIZE`, `RANK`. Rank 0 listens on
+//! MASTER_ADDR only, and admits a rank through a handshake keyed by the mesh
+//! secret (`SLEUTH_AUTH_TOKEN`): it sends a random challenge, the rank
+//! answers with its number, its own nonce and an HMAC-SHA256 over all three,
+//! and rank 0 answers with an HMAC of the rank's nonce, so each side knows
+//! the other holds the secret. A connection that fails the handshake (within
+//! `handshake_timeout`) is turned away and the rendezvous goes on. Frames are
+//! bounded by what a step can need ([`Collective::limit_frames`]), and a
+//! frame that has begun must arrive within `peer_timeout`.
 
-use std::io::{BufReader, BufWriter, Read, Write};
+use std::io::{BufRead, BufReader, BufWriter, Read, Write};
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
@@ -50,6 +58,10 @@ pub trait Collective: Send {
     fn barrier(&mut self) -> Result<(), CollectiveError> {
         self.all_gather(Vec::new()).map(|_| ())
     }
+
+    /// Bounds the frames a peer may announce, once the learner knows what a
+    /// step can need (no-op where nothing crosses a wire).
+    fn limit_frames(&mut self, _bytes: usize) {}
 }
 
 pub fn f64_bytes(values: &[f64]) -> Vec<u8> {
@@ -94,6 +106,8 @@ pub struct TcpCollective {
     world: usize,
     /// On rank 0: links to ranks 1..world, in rank order. Elsewhere: the hub.
     links: Vec<Link>,
+    /// The longest frame a peer may announce.
+    max_frame: usize,
 }
 
 /// Where and who: the torchrun-style environment.
@@ -105,6 +119,14 @@ pub struct Rendezvous {
     pub rank: usize,
     /// How long to wait for the other ranks.
     pub timeout: Duration,
+    /// How long a connection may take over the handshake.
+    pub handshake_timeout: Duration,
+    /// How long a frame that has begun may take to arrive, and a write to
+    /// be taken (a stopped peer ends the collective instead of hanging it).
+    pub peer_timeout: Duration,
+    /// The mesh secret the handshake's MACs are keyed by (empty: no
+    /// authentication, with a warning).
+    pub secret: Vec<u8>,
 }
 
 impl Rendezvous {
@@ -128,13 +150,22 @@ impl Rendezvous {
                 "RANK {rank} must be below WORLD_SIZE {world_size} (>= 1) and MASTER_PORT {master_port} a port"
             )));
         }
-        Ok(Some(Self {
-            master_addr: var("MASTER_ADDR")?,
-            master_port: master_port as u16,
+        Ok(Some(Self::new(&var("MASTER_ADDR")?, master_port as u16, world_size, rank)))
+    }
+
+    /// Rank `rank` of `world_size` meeting at `master_addr:master_port`, with
+    /// the default timeouts and no secret yet.
+    pub fn new(master_addr: &str, master_port: u16, world_size: usize, rank: usize) -> Self {
+        Self {
+            master_addr: master_addr.to_owned(),
+            master_port,
             world_size,
             rank,
             timeout: Duration::from_secs(300),
-        }))
+            handshake_timeout: Duration::from_secs(10),
+            peer_timeout: Duration::from_secs(1800),
+            secret: Vec::new(),
+        }
     }
 }
 
@@ -148,47 +179,118 @@ fn write_frame(link: &mut BufWriter<TcpStream>, payload: &[u8]) -> std::io::Resu
     link.flush()
 }
 
-fn read_frame(link: &mut BufReader<TcpStream>) -> std::io::Result<Vec<u8>> {
+/// Reads one frame of at most `max` bytes. `patient`: the wait for the frame
+/// to begin is not bounded by the read timeout (a rank waits for rank 0's
+/// next command as long as the run has no groups); once it has begun, it is.
+fn read_frame_waiting(link: &mut BufReader<TcpStream>, max: usize, patient: bool) -> std::io::Result<Vec<u8>> {
+    use std::io::ErrorKind;
+    while patient {
+        match link.fill_buf() {
+            Ok(_) => break,
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => continue,
+            Err(e) => return Err(e),
+        }
+    }
     let mut len = [0u8; 8];
     link.read_exact(&mut len)?;
-    let mut payload = vec![0u8; u64::from_le_bytes(len) as usize];
+    let len = u64::from_le_bytes(len);
+    if len > max as u64 {
+        return Err(std::io::Error::new(
+            ErrorKind::InvalidData,
+            format!("a frame of {len} bytes is past the limit of {max}"),
+        ));
+    }
+    let mut payload = vec![0u8; len as usize];
     link.read_exact(&mut payload)?;
     Ok(payload)
 }
 
+fn read_frame(link: &mut BufReader<TcpStream>, max: usize) -> std::io::Result<Vec<u8>> {
+    read_frame_waiting(link, max, false)
+}
+
+/// Bytes of a handshake frame at most (a rank number, a nonce and a MAC).
+const HANDSHAKE_FRAME: usize = 1024;
+/// Frame size allowed until the learner knows its model (see [`Collective::limit_frames`]).
+const DEFAULT_MAX_FRAME: usize = 64 << 20;
+/// Labels that keep a MAC of one handshake message from passing for another.
+const HELLO: &[u8] = b"sleuth learner rank hello v1";
+const WELCOME: &[u8] = b"sleuth learner rank welcome v1";
+
+type Hmac = hmac::Hmac<sha2::Sha256>;
+
+/// HMAC-SHA256 of `parts` under the mesh secret.
+fn mac(key: &[u8], parts: &[&[u8]]) -> Vec<u8> {
+    use hmac::Mac as _;
+    let mut mac = Hmac::new_from_slice(key).expect("HMAC takes keys of any length");
+    for part in parts {
+        mac.update(part);
+    }
+    mac.finalize().into_bytes().to_vec()
+}
+
+/// Whether `presented` is the MAC of `parts`, in constant time.
+fn verify(key: &[u8], parts: &[&[u8]], presented: &[u8]) -> bool {
+    use hmac::Mac as _;
+    let mut mac = Hmac::new_from_slice(key).expect("HMAC takes keys of any length");
+    for part in parts {
+        mac.update(part);
+    }
+    mac.verify_slice(presented).is_ok()
+}
+
+fn nonce() -> Result<[u8; 32], CollectiveError> {
+    let mut nonce = [0u8; 32];
+    getrandom::fill(&mut nonce).map_err(|e| CollectiveError::Rendezvous(format!("no randomness for a nonce: {e}")))?;
+    Ok(nonce)
+}
+
 impl TcpCollective {
-    /// Joins the group: rank 0 listens on MASTER_PORT and accepts the others
-    /// (each announces its rank); the others connect, retrying until `timeout`.
+    /// Joins the group: rank 0 listens on MASTER_ADDR:MASTER_PORT and admits
+    /// each other rank through the handshake (see the module docs); the
+    /// others connect, retrying until `timeout`.
     pub fn connect(rendezvous: &Rendezvous) -> Result<Self, CollectiveError> {
-        let Rendezvous { master_addr, master_port, world_size, rank, timeout } = rendezvous.clone();
+        let Rendezvous {
+            ref master_addr,
+            master_port,
+            world_size,
+            rank,
+            timeout,
+            handshake_timeout,
+            peer_timeout,
+            ref secret,
+        } = *rendezvous;
         let failed = |message: String| CollectiveError::Rendezvous(message);
-        let split = |stream: TcpStream| -> Result<Link, CollectiveError> {
-            stream.set_nodelay(true).map_err(|e| failed(e.to_string()))?;
-            let reader = stream.try_clone().map_err(|e| failed(e.to_string()))?;
-            Ok((BufReader::new(reader), BufWriter::new(stream)))
-        };
+        let address = (master_addr.as_str(), master_port)
+            .to_socket_addrs()
+            .map_err(|e| failed(format!("MASTER_ADDR {master_addr:?}: {e}")))?
+            .next()
+            .ok_or_else(|| failed(format!("MASTER_ADDR {master_addr:?} has no address")))?;
+        if secret.is_empty() {
+            tracing::warn!("no mesh secret (SLEUTH_AUTH_TOKEN): learner ranks do not authenticate each other");
+        }
         if rank == 0 {
-            let listener = TcpListener::bind(("0.0.0.0", master_port))
-                .map_err(|e| failed(format!("rank 0 cannot listen on MASTER_PORT {master_port}: {e}")))?;
+            // Only where the other ranks reach it (MASTER_ADDR names rank 0 itself), not every interface.
+            let listener = TcpListener::bind(address).map_err(|e| {
+                failed(format!(
+                    "rank 0 cannot listen on MASTER_ADDR {master_addr}:{master_port} ({address}): {e}; on rank 0, MASTER_ADDR must name this host"
+                ))
+            })?;
             let mut links: Vec<Option<Link>> = (1..world_size).map(|_| None).collect();
             listener.set_nonblocking(true).map_err(|e| failed(e.to_string()))?;
             let deadline = Instant::now() + timeout;
             while links.iter().any(Option::is_none) {
                 match listener.accept() {
-                    Ok((stream, _)) => {
-                        stream.set_nonblocking(false).map_err(|e| failed(e.to_string()))?;
-                        let (mut reader, writer) = split(stream)?;
-                        let hello = read_frame(&mut reader).map_err(|e| failed(e.to_string()))?;
-                        let joined = u64::from_le_bytes(hello.try_into().map_err(|_| failed("bad hello".into()))?);
-                        match links.get_mut((joined as usize).wrapping_sub(1)) {
-                            Some(slot @ None) => *slot = Some((reader, writer)),
-                            _ => {
-                                return Err(failed(format!(
-                                    "rank {joined} joined twice or is outside WORLD_SIZE {world_size}"
-                                )));
+                    Ok((stream, from)) => match admit(stream, secret, handshake_timeout, world_size) {
+                        Ok((joined, link)) => match links.get_mut(joined - 1) {
+                            Some(slot @ None) => {
+                                *slot = Some(settle(link, peer_timeout).map_err(|e| failed(e.to_string()))?)
                             }
-                        }
-                    }
+                            _ => return Err(failed(format!("rank {joined} joined twice"))),
+                        },
+                        // A stranger (or a rank with another secret) is turned away; the rendezvous goes on.
+                        Err(why) => tracing::warn!(%from, %why, "refused a connection to the learner's rendezvous"),
+                    },
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                         if Instant::now() > deadline {
                             let missing: Vec<usize> =
@@ -200,16 +302,12 @@ impl TcpCollective {
                     Err(e) => return Err(failed(e.to_string())),
                 }
             }
-            Ok(Self { rank, world: world_size, links: links.into_iter().map(|l| l.expect("all joined")).collect() })
+            let links = links.into_iter().map(|l| l.expect("all joined")).collect();
+            Ok(Self { rank, world: world_size, links, max_frame: DEFAULT_MAX_FRAME })
         } else {
             let deadline = Instant::now() + timeout;
-            let address = (master_addr.as_str(), master_port);
             let stream = loop {
-                let attempt = address.to_socket_addrs().map_err(|e| e.to_string()).and_then(|mut addrs| {
-                    let addr = addrs.next().ok_or("no address")?;
-                    TcpStream::connect_timeout(&addr, Duration::from_secs(5)).map_err(|e| e.to_string())
-                });
-                match attempt {
+                match TcpStream::connect_timeout(&address, Duration::from_secs(5)) {
                     Ok(stream) => break stream,
                     Err(e) if Instant::now() > deadline => {
                         return Err(failed(format!("rank {rank} cannot reach {master_addr}:{master_port}: {e}")));
@@ -217,11 +315,76 @@ impl TcpCollective {
                     Err(_) => std::thread::sleep(Duration::from_millis(50)),
                 }
             };
-            let (reader, mut writer) = split(stream)?;
-            write_frame(&mut writer, &(rank as u64).to_le_bytes()).map_err(|e| failed(e.to_string()))?;
-            Ok(Self { rank, world: world_size, links: vec![(reader, writer)] })
+            let link = join(stream, secret, handshake_timeout, rank).map_err(|why| {
+                failed(format!("rank {rank} was not admitted by rank 0 at {master_addr}:{master_port}: {why}"))
+            })?;
+            let link = settle(link, peer_timeout).map_err(|e| failed(e.to_string()))?;
+            Ok(Self { rank, world: world_size, links: vec![link], max_frame: DEFAULT_MAX_FRAME })
         }
     }
+}
+
+/// Sets a connection up for a link: no Nagle delay, TCP keepalive (a peer
+/// whose host died is noticed), reads and writes bounded by `timeout`.
+fn link(stream: TcpStream, timeout: Duration) -> std::io::Result<Link> {
+    stream.set_nonblocking(false)?;
+    stream.set_nodelay(true)?;
+    let keepalive =
+        socket2::TcpKeepalive::new().with_time(Duration::from_secs(30)).with_interval(Duration::from_secs(10));
+    socket2::SockRef::from(&stream).set_tcp_keepalive(&keepalive)?;
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))?;
+    let reader = stream.try_clone()?;
+    Ok((BufReader::new(reader), BufWriter::new(stream)))
+}
+
+/// A link past its handshake: reads and writes bounded by `timeout` from now on.
+fn settle(link: Link, timeout: Duration) -> std::io::Result<Link> {
+    link.0.get_ref().set_read_timeout(Some(timeout))?;
+    link.1.get_ref().set_write_timeout(Some(timeout))?;
+    Ok(link)
+}
+
+/// Rank 0's side of the handshake: challenge, check the hello's MAC (over the
+/// challenge, the rank and the joiner's nonce), answer with a MAC of the
+/// joiner's nonce. Returns the rank admitted.
+fn admit(stream: TcpStream, secret: &[u8], timeout: Duration, world: usize) -> Result<(usize, Link), String> {
+    let (mut reader, mut writer) = link(stream, timeout).map_err(|e| e.to_string())?;
+    let challenge = nonce().map_err(|e| e.to_string())?;
+    write_frame(&mut writer, &challenge).map_err(|e| format!("sending the challenge: {e}"))?;
+    let hello = read_frame(&mut reader, HANDSHAKE_FRAME).map_err(|e| format!("reading the hello: {e}"))?;
+    if hello.len() != 8 + 32 + 32 {
+        return Err(format!("a hello of {} bytes", hello.len()));
+    }
+    let (rank_bytes, rest) = hello.split_at(8);
+    let (their_nonce, presented) = rest.split_at(32);
+    if !verify(secret, &[HELLO, &challenge, rank_bytes, their_nonce], presented) {
+        return Err("the hello's MAC does not match the mesh secret".into());
+    }
+    let rank = u64::from_le_bytes(rank_bytes.try_into().expect("8 bytes"));
+    if rank == 0 || rank >= world as u64 {
+        return Err(format!("rank {rank} is outside 1..WORLD_SIZE {world}"));
+    }
+    write_frame(&mut writer, &mac(secret, &[WELCOME, their_nonce, rank_bytes]))
+        .map_err(|e| format!("sending the welcome: {e}"))?;
+    Ok((rank as usize, (reader, writer)))
+}
+
+/// A joining rank's side of the handshake; rank 0 must prove it holds the
+/// secret too, so a rank never takes commands from an impostor.
+fn join(stream: TcpStream, secret: &[u8], timeout: Duration, rank: usize) -> Result<Link, String> {
+    let (mut reader, mut writer) = link(stream, timeout).map_err(|e| e.to_string())?;
+    let challenge = read_frame(&mut reader, HANDSHAKE_FRAME).map_err(|e| format!("reading the challenge: {e}"))?;
+    let ours = nonce().map_err(|e| e.to_string())?;
+    let rank_bytes = (rank as u64).to_le_bytes();
+    let hello = [&rank_bytes[..], &ours, &mac(secret, &[HELLO, &challenge, &rank_bytes, &ours])].concat();
+    write_frame(&mut writer, &hello).map_err(|e| format!("sending the hello: {e}"))?;
+    let welcome = read_frame(&mut reader, HANDSHAKE_FRAME)
+        .map_err(|e| format!("no welcome ({e}): rank 0 refused the hello (another mesh secret?)"))?;
+    if !verify(secret, &[WELCOME, &ours, &rank_bytes], &welcome) {
+        return Err("the welcome's MAC does not match the mesh secret".into());
+    }
+    Ok((reader, writer))
 }
 
 impl Collective for TcpCollective {
@@ -237,7 +400,7 @@ impl Collective for TcpCollective {
         if self.rank == 0 {
             let mut all = vec![payload];
             for (i, (reader, _)) in self.links.iter_mut().enumerate() {
-                all.push(read_frame(reader).map_err(peer(i + 1))?);
+                all.push(read_frame(reader, self.max_frame).map_err(peer(i + 1))?);
             }
             // One frame per rank payload, so nothing needs re-encoding.
             for (i, (_, writer)) in self.links.iter_mut().enumerate() {
@@ -249,8 +412,12 @@ impl Collective for TcpCollective {
         } else {
             let (reader, writer) = &mut self.links[0];
             write_frame(writer, &payload).map_err(peer(0))?;
-            (0..self.world).map(|_| read_frame(reader).map_err(peer(0))).collect()
+            (0..self.world).map(|_| read_frame(reader, self.max_frame).map_err(peer(0))).collect()
         }
+    }
+
+    fn limit_frames(&mut self, bytes: usize) {
+        self.max_frame = bytes;
     }
 
     fn broadcast(&mut self, payload: Vec<u8>) -> Result<Vec<u8>, CollectiveError> {
@@ -260,7 +427,7 @@ impl Collective for TcpCollective {
             }
             Ok(payload)
         } else {
-            read_frame(&mut self.links[0].0).map_err(peer(0))
+            read_frame_waiting(&mut self.links[0].0, self.max_frame, true).map_err(peer(0))
         }
     }
 }
@@ -276,11 +443,9 @@ mod tests {
             .map(|rank| {
                 std::thread::spawn(move || {
                     let rendezvous = Rendezvous {
-                        master_addr: "127.0.0.1".into(),
-                        master_port: port,
-                        world_size: 3,
-                        rank,
                         timeout: Duration::from_secs(20),
+                        secret: b"mesh".to_vec(),
+                        ..Rendezvous::new("127.0.0.1", port, 3, rank)
                     };
                     let mut c = TcpCollective::connect(&rendezvous).unwrap();
                     let gathered = c.all_gather(vec![rank as u8; rank + 1]).unwrap();
@@ -302,14 +467,58 @@ mod tests {
     #[test]
     fn a_missing_rank_is_named() {
         let port = sleuth_testkit::free_port().unwrap();
-        let rendezvous = Rendezvous {
-            master_addr: "127.0.0.1".into(),
-            master_port: port,
-            world_size: 3,
-            rank: 0,
-            timeout: Duration::from_millis(300),
-        };
+        let rendezvous = Rendezvous { timeout: Duration::from_millis(300), ..Rendezvous::new("127.0.0.1", port, 3, 0) };
         let error = TcpCollective::connect(&rendezvous).err().unwrap().to_string();
         assert!(error.contains("ranks [1, 2] did not join"), "{error}");
+    }
+
+    /// Connections that announce a huge frame, send a hello without the
+    /// secret, or say nothing are turned away; a rank with another secret is
+    /// refused and says why; the real ranks still meet. A frame past the
+    /// limit ends the collective instead of allocating it.
+    #[test]
+    fn strangers_are_turned_away_and_the_ranks_still_meet() {
+        let port = sleuth_testkit::free_port().unwrap();
+        let rendezvous = move |rank: usize, secret: &[u8]| Rendezvous {
+            timeout: Duration::from_secs(30),
+            handshake_timeout: Duration::from_secs(1),
+            secret: secret.to_vec(),
+            ..Rendezvous::new("127.0.0.1", port, 2, rank)
+        };
+        let root = std::thread::spawn(move || TcpCollective::connect(&rendezvous(0, b"mesh")));
+        let reach = || loop {
+            if let Ok(stream) = TcpStream::connect(("127.0.0.1", port)) {
+                break stream;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        // A frame header announcing 2^62 bytes.
+        let mut huge = reach();
+        huge.write_all(&(1u64 << 62).to_le_bytes()).unwrap();
+        // A hello for rank 1 with a made-up MAC.
+        let mut forged = BufReader::new(reach());
+        let challenge = read_frame(&mut forged, HANDSHAKE_FRAME).unwrap();
+        assert_eq!(challenge.len(), 32);
+        let hello = [&1u64.to_le_bytes()[..], &[7u8; 32], &[9u8; 32]].concat();
+        write_frame(&mut BufWriter::new(forged.get_ref().try_clone().unwrap()), &hello).unwrap();
+        // Silence.
+        let _silent = reach();
+        // A rank with another secret.
+        let error = TcpCollective::connect(&rendezvous(1, b"other")).err().unwrap().to_string();
+        assert!(error.contains("not admitted") && error.contains("another mesh secret"), "{error}");
+
+        let mut one = TcpCollective::connect(&rendezvous(1, b"mesh")).unwrap();
+        let mut zero = root.join().unwrap().unwrap();
+        let gathered = std::thread::spawn(move || one.all_gather(vec![1]).map(|all| (all, one)));
+        assert_eq!(zero.all_gather(vec![0]).unwrap(), [vec![0], vec![1]]);
+        let (all, mut one) = gathered.join().unwrap().unwrap();
+        assert_eq!(all, [vec![0], vec![1]]);
+
+        zero.limit_frames(16);
+        let sent = std::thread::spawn(move || one.all_gather(vec![0; 64]));
+        let error = zero.all_gather(Vec::new()).unwrap_err().to_string();
+        assert!(error.contains("past the limit of 16"), "{error}");
+        drop(zero);
+        assert!(sent.join().unwrap().is_err(), "the collective ends on both sides");
     }
 }

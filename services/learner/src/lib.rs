@@ -165,7 +165,10 @@ fn objective(config: &Config) -> Result<Objective, Error> {
 }
 
 /// Loads the policy (and, with a KL term, a frozen reference copy) on `device`.
-fn load_trainer(config: &Config, device: tch::Device, collective: Box<dyn Collective>) -> Result<Trainer, Error> {
+/// Room in a frame between ranks for a step's samples beside the gradients.
+const STEP_FRAME_SLACK: usize = 256 << 20;
+
+fn load_trainer(config: &Config, device: tch::Device, mut collective: Box<dyn Collective>) -> Result<Trainer, Error> {
     let dir = config.model.directory();
     let model_config = sleuth_model::Config::from_file(&dir.join("config.json"))?;
     let dtype = config.model.compute_dtype(device);
@@ -177,6 +180,9 @@ fn load_trainer(config: &Config, device: tch::Device, collective: Box<dyn Collec
         Ok((vars, model))
     };
     let (vars, model) = load()?;
+    // The largest frame between ranks: a gradient reduced in f64, plus a step's samples.
+    let parameters: usize = vars.variables().values().map(|t| t.numel()).sum();
+    collective.limit_frames(parameters.saturating_mul(8).saturating_add(STEP_FRAME_SLACK));
     let reference = if config.kl_coef > 0.0 && config.mode == Mode::Rl {
         let (mut vars, model) = load()?;
         vars.freeze();
@@ -249,7 +255,8 @@ pub async fn run(
     let checkpoints = ObjectStore::open(&config.checkpoint_uri, &config.s3)?;
     let device = config.model.device.resolve()?;
     let token = config.serve.bearer_token()?;
-    let rendezvous = Rendezvous::from_env()?;
+    let rendezvous = Rendezvous::from_env()?
+        .map(|r| Rendezvous { secret: token.as_ref().map(|t| t.secret().to_vec()).unwrap_or_default(), ..r });
     let collective: Box<dyn Collective> = match &rendezvous {
         Some(r) if r.world_size > 1 => {
             let r = r.clone();

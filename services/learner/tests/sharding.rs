@@ -88,11 +88,9 @@ fn train_sharded(dir: &Path, world: usize, device: Device) -> Result<Vec<(Vec<f3
             let dir = dir.to_owned();
             std::thread::spawn(move || -> Result<(Vec<f32>, usize)> {
                 let rendezvous = Rendezvous {
-                    master_addr: "127.0.0.1".into(),
-                    master_port: port,
-                    world_size: world,
-                    rank,
                     timeout: Duration::from_secs(60),
+                    secret: b"mesh".to_vec(),
+                    ..Rendezvous::new("127.0.0.1", port, world, rank)
                 };
                 train(&dir, Box::new(TcpCollective::connect(&rendezvous)?), device)
             })
