@@ -210,7 +210,7 @@ async fn post_text(addr: &str, path: &str, headers: &[(&str, &str)], body: &str)
         request.push_str(&format!("{name}: {value}\r\n"));
     }
     request.push_str("\r\n");
-    request.push_str(&body);
+    request.push_str(body);
     let mut stream = tokio::net::TcpStream::connect(addr).await?;
     stream.write_all(request.as_bytes()).await?;
     let mut response = String::new();

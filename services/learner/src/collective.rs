@@ -184,11 +184,13 @@ fn write_frame(link: &mut BufWriter<TcpStream>, payload: &[u8]) -> std::io::Resu
 /// next command as long as the run has no groups); once it has begun, it is.
 fn read_frame_waiting(link: &mut BufReader<TcpStream>, max: usize, patient: bool) -> std::io::Result<Vec<u8>> {
     use std::io::ErrorKind;
-    while patient {
-        match link.fill_buf() {
-            Ok(_) => break,
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => continue,
-            Err(e) => return Err(e),
+    if patient {
+        loop {
+            match link.fill_buf() {
+                Ok(_) => break,
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => continue,
+                Err(e) => return Err(e),
+            }
         }
     }
     let mut len = [0u8; 8];

@@ -69,7 +69,7 @@ impl Manifest {
             return Err(format!("vectors.dim {} must be from 1 to {MAX_DIM}", vectors.dim));
         }
         let bm25 = &manifest.bm25;
-        if !(bm25.k1.is_finite() && bm25.k1 >= 0.0) || !(0.0..=1.0).contains(&bm25.b) {
+        if !(bm25.k1.is_finite() && bm25.k1 >= 0.0 && (0.0..=1.0).contains(&bm25.b)) {
             return Err(format!("bm25 k1 {} must be finite and >= 0, b {} from 0 to 1", bm25.k1, bm25.b));
         }
         Ok(manifest)
