@@ -118,7 +118,7 @@ impl GgmlType {
     }
 
     pub fn byte_len(self, elements: u64) -> u64 {
-        elements / self.block_elements() * self.block_bytes()
+        (elements / self.block_elements()).saturating_mul(self.block_bytes())
     }
 
     /// Decodes `raw` (whole blocks) into `out` (`raw`'s element count).

@@ -20,6 +20,9 @@ const DEFAULT_ALIGNMENT: u64 = 32;
 /// Far beyond any real file; guards allocations against a corrupt length field.
 const MAX_STRING: u64 = 1 << 30;
 const MAX_DIMS: u32 = 8;
+/// Arrays inside arrays at most this deep (real files nest none): a crafted
+/// file cannot recurse the reader off its stack.
+const MAX_NESTING: u32 = 4;
 
 /// One metadata value. Integers keep their sign; every width is widened.
 #[derive(Debug, Clone, PartialEq)]
@@ -84,8 +87,10 @@ pub struct TensorInfo {
 }
 
 impl TensorInfo {
+    /// Elements in the tensor (saturating: a crafted directory's dimensions
+    /// then fail the extent check instead of overflowing).
     pub fn elements(&self) -> u64 {
-        self.dims.iter().product()
+        self.dims.iter().fold(1u64, |product, &dim| product.saturating_mul(dim))
     }
 
     /// Row-major shape (outermost first), as in the HF checkpoint.
@@ -98,6 +103,7 @@ impl TensorInfo {
     }
 }
 
+#[derive(Debug)]
 pub struct GgufFile {
     path: PathBuf,
     pub version: u32,
@@ -114,7 +120,14 @@ impl GgufFile {
         let io = |source| GgufError::Io { path: path.display().to_string(), source };
         let file = File::open(path).map_err(io)?;
         let file_len = file.metadata().map_err(io)?.len();
-        let mut reader = Reader { inner: BufReader::new(file), path };
+        Self::read_from(BufReader::new(file), file_len, path)
+    }
+
+    /// [`GgufFile::open`] over any reader of a file of `file_len` bytes
+    /// (`path` names it in errors and for reading tensors later).
+    pub fn read_from<R: Read + Seek>(inner: R, file_len: u64, path: &Path) -> Result<Self, GgufError> {
+        let io = |source| GgufError::Io { path: path.display().to_string(), source };
+        let mut reader = Reader { inner, path };
 
         let mut magic = [0u8; 4];
         reader.bytes(&mut magic)?;
@@ -133,7 +146,7 @@ impl GgufFile {
         for _ in 0..kv_count {
             let key = reader.string()?;
             let kind = reader.u32()?;
-            let value = reader.value(kind, &key)?;
+            let value = reader.value(kind, &key, 0)?;
             metadata.insert(key, value);
         }
 
@@ -191,10 +204,10 @@ impl GgufFile {
                 tensor.dims[0],
                 tensor.ggml_type.name()
             ))
-        } else if self.data_start + tensor.offset + tensor.byte_len() > self.file_len {
+        } else if self.data_start.saturating_add(tensor.offset).saturating_add(tensor.byte_len()) > self.file_len {
             Some(format!(
                 "data [{}, +{}) runs past the end of the file ({} bytes); truncated download?",
-                self.data_start + tensor.offset,
+                self.data_start.saturating_add(tensor.offset),
                 tensor.byte_len(),
                 self.file_len
             ))
@@ -273,12 +286,12 @@ impl GgufFile {
     }
 }
 
-struct Reader<'a> {
-    inner: BufReader<File>,
+struct Reader<'a, R> {
+    inner: R,
     path: &'a Path,
 }
 
-impl Reader<'_> {
+impl<R: Read> Reader<'_, R> {
     fn format(&self, reason: String) -> GgufError {
         GgufError::Format { path: self.path.display().to_string(), reason }
     }
@@ -314,7 +327,7 @@ impl Reader<'_> {
         String::from_utf8(buf).map_err(|e| self.format(format!("string is not UTF-8: {e}")))
     }
 
-    fn value(&mut self, kind: u32, key: &str) -> Result<Value, GgufError> {
+    fn value(&mut self, kind: u32, key: &str, depth: u32) -> Result<Value, GgufError> {
         Ok(match kind {
             0 => Value::Unsigned(u8::from_le_bytes(self.array()?).into()),
             1 => Value::Signed(i8::from_le_bytes(self.array()?).into()),
@@ -331,7 +344,10 @@ impl Reader<'_> {
                 if len > MAX_STRING {
                     return Err(self.format(format!("metadata {key}: array length {len}")));
                 }
-                let items = (0..len).map(|_| self.value(item_kind, key)).collect::<Result<Vec<_>, _>>()?;
+                if item_kind == 9 && depth >= MAX_NESTING {
+                    return Err(self.format(format!("metadata {key}: arrays nested more than {MAX_NESTING} deep")));
+                }
+                let items = (0..len).map(|_| self.value(item_kind, key, depth + 1)).collect::<Result<Vec<_>, _>>()?;
                 Value::Array(items)
             }
             10 => Value::Unsigned(self.u64()?),
@@ -339,5 +355,90 @@ impl Reader<'_> {
             12 => Value::Float(f64::from_le_bytes(self.array()?)),
             other => return Err(self.format(format!("metadata {key}: unknown value type {other}"))),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Cursor;
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// A header: magic, version, counts, one metadata entry and tensor
+    /// directory entries, written from parts a fuzzer picks.
+    fn header(version: u32, kv: &[(u32, Vec<u8>)], tensors: &[(Vec<u64>, u32, u64)]) -> Vec<u8> {
+        let mut bytes = MAGIC.to_vec();
+        bytes.extend(version.to_le_bytes());
+        bytes.extend((tensors.len() as u64).to_le_bytes());
+        bytes.extend((kv.len() as u64).to_le_bytes());
+        for (i, (kind, value)) in kv.iter().enumerate() {
+            let key = format!("k{i}");
+            bytes.extend((key.len() as u64).to_le_bytes());
+            bytes.extend(key.as_bytes());
+            bytes.extend(kind.to_le_bytes());
+            bytes.extend(value);
+        }
+        for (i, (dims, type_id, offset)) in tensors.iter().enumerate() {
+            let name = format!("t{i}");
+            bytes.extend((name.len() as u64).to_le_bytes());
+            bytes.extend(name.as_bytes());
+            bytes.extend((dims.len() as u32).to_le_bytes());
+            dims.iter().for_each(|d| bytes.extend(d.to_le_bytes()));
+            bytes.extend(type_id.to_le_bytes());
+            bytes.extend(offset.to_le_bytes());
+        }
+        bytes
+    }
+
+    fn parse(bytes: Vec<u8>) -> Result<GgufFile, GgufError> {
+        let len = bytes.len() as u64;
+        GgufFile::read_from(Cursor::new(bytes), len, Path::new("fuzz.gguf"))
+    }
+
+    #[test]
+    fn crafted_directories_are_refused_not_overflowed() {
+        let huge = header(3, &[], &[(vec![1 << 40, 1 << 40], 0, 0)]);
+        assert!(parse(huge).unwrap_err().to_string().contains("runs past the end"));
+        let far = header(3, &[], &[(vec![32], 0, u64::MAX - 4)]);
+        assert!(parse(far).unwrap_err().to_string().contains("runs past the end"));
+        // An array of arrays of arrays ... (type 9 all the way down).
+        let mut nested = Vec::new();
+        for _ in 0..64 {
+            nested.extend(9u32.to_le_bytes());
+            nested.extend(1u64.to_le_bytes());
+        }
+        let deep = header(3, &[(9, nested)], &[]);
+        assert!(parse(deep).unwrap_err().to_string().contains("nested"));
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 10_000, ..ProptestConfig::default() })]
+
+        /// Any header, whole or cut anywhere, with bytes flipped: a file or a
+        /// clear error, never a panic or an allocation past the file's size.
+        #[test]
+        fn any_header_parses_or_is_refused(
+            version in prop_oneof![Just(3u32), Just(2), any::<u32>()],
+            kv in proptest::collection::vec((0u32..14, proptest::collection::vec(any::<u8>(), 0..24)), 0..4),
+            tensors in proptest::collection::vec(
+                (proptest::collection::vec(prop_oneof![Just(32u64), Just(1), any::<u64>()], 0..10),
+                 prop_oneof![Just(0u32), Just(8), any::<u32>()],
+                 prop_oneof![Just(0u64), any::<u64>()]),
+                0..4),
+            cut in any::<prop::sample::Index>(),
+            flips in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 0..4),
+        ) {
+            let mut bytes = header(version, &kv, &tensors);
+            let _ = parse(bytes.clone());
+            for (at, value) in flips {
+                let at = at.index(bytes.len());
+                bytes[at] = value;
+            }
+            let _ = parse(bytes.clone());
+            bytes.truncate(cut.index(bytes.len() + 1));
+            let _ = parse(bytes);
+        }
     }
 }

@@ -49,8 +49,9 @@ pub async fn connect(address: &str, token: Option<&BearerToken>, timeout: Durati
 
 /// Runs an outbound call with a deadline. The request carries it as
 /// `grpc-timeout`, so the server stops working on it, and the caller stops
-/// waiting when it passes even if the peer never answers (tonic enforces
-/// `grpc-timeout` only on the server side).
+/// waiting when it passes even if the peer never answers. (tonic's channel
+/// enforces `grpc-timeout` too, as a bare "Timeout expired"; whichever fires
+/// first ends the call.)
 pub async fn within<M, T>(
     deadline: Duration,
     message: M,

@@ -320,6 +320,10 @@ pub async fn fetch_model_dir(uri: &str, s3: &S3Args, dir: &Path) -> Result<(), S
         return Err(StoreError::Object { store: store.uri(), message: "holds no .safetensors files".to_owned() });
     }
     for key in files {
+        // Keys are data: only plain file names land in `dir` (never `..`).
+        if !matches!(Path::new(key.as_str()).components().collect::<Vec<_>>()[..], [Component::Normal(_)]) {
+            return Err(StoreError::Object { store: store.uri(), message: format!("holds {key:?}, not a file name") });
+        }
         let bytes = store.get(key).await?;
         tokio::fs::write(dir.join(key), bytes).await.map_err(|error| StoreError::Object {
             store: dir.display().to_string(),

@@ -59,11 +59,7 @@ async fn a_hung_tool_gateway_ends_the_episode_within_the_tool_deadline() -> Resu
         .episode
         .context("episode")?;
     assert_eq!(episode.outcome(), EpisodeOutcome::ToolError, "{episode:?}");
-    assert!(
-        episode.outcome_detail.contains("listing tools") && episode.outcome_detail.contains("2s"),
-        "{}",
-        episode.outcome_detail
-    );
+    assert!(episode.outcome_detail.contains("listing tools"), "{}", episode.outcome_detail);
     assert!(started.elapsed() < Duration::from_secs(20), "took {:?}", started.elapsed());
     Ok(())
 }

@@ -195,14 +195,15 @@ async fn from_path(
     complete(&state, episode, body.0).await
 }
 
-async fn complete(state: &AppState, episode: String, body: Value) -> Result<Json<Value>, ApiError> {
+/// The turn a request body asks for, or what is wrong with it (naming the field).
+pub fn chat_request(episode: &str, body: Value) -> Result<ChatRequest, Error> {
     let request: CompletionRequest =
-        serde_json::from_value(body).map_err(|e| ApiError(Error::InvalidArgument(format!("request body: {e}"))))?;
+        serde_json::from_value(body).map_err(|e| Error::InvalidArgument(format!("request body: {e}")))?;
     if request.tool_choice.as_ref().is_some_and(|c| c != "auto" && c != "none") {
-        return Err(ApiError(Error::InvalidArgument(format!(
+        return Err(Error::InvalidArgument(format!(
             "tool_choice {} is not supported (auto or none)",
             request.tool_choice.unwrap_or_default()
-        ))));
+        )));
     }
     let stop = match request.stop {
         None | Some(Value::Null) => Vec::new(),
@@ -214,12 +215,9 @@ async fn complete(state: &AppState, episode: String, body: Value) -> Result<Json
                 Value::String(stop) => Ok(stop),
                 other => Err(Error::InvalidArgument(format!("stop[{i}] must be a string, got {other}"))),
             })
-            .collect::<Result<_, _>>()
-            .map_err(ApiError)?,
+            .collect::<Result<_, _>>()?,
         Some(other) => {
-            return Err(ApiError(Error::InvalidArgument(format!(
-                "stop must be a string or an array of strings, got {other}"
-            ))));
+            return Err(Error::InvalidArgument(format!("stop must be a string or an array of strings, got {other}")));
         }
     };
     let tools = if request.tool_choice.as_ref().is_some_and(|c| c == "none") { Vec::new() } else { request.tools };
@@ -254,10 +252,9 @@ async fn complete(state: &AppState, episode: String, body: Value) -> Result<Json
                 name: message.name.unwrap_or_default(),
             })
         })
-        .collect::<Result<Vec<_>, Error>>()
-        .map_err(ApiError)?;
-    let chat = ChatRequest {
-        episode_id: episode.clone(),
+        .collect::<Result<Vec<_>, Error>>()?;
+    Ok(ChatRequest {
+        episode_id: episode.to_owned(),
         messages,
         tools: tools
             .into_iter()
@@ -282,7 +279,12 @@ async fn complete(state: &AppState, episode: String, body: Value) -> Result<Json
         logprobs: request.logprobs,
         run_id: String::new(),
         teacher_reply: String::new(),
-    };
+    })
+}
+
+async fn complete(state: &AppState, episode: String, body: Value) -> Result<Json<Value>, ApiError> {
+    let chat = chat_request(&episode, body).map_err(ApiError)?;
+    let logprobs = chat.logprobs;
     let response = state.handlers.turn("http", chat).await.map_err(ApiError)?;
     let message = response.message.unwrap_or_default();
     let tool_calls: Vec<Value> = message
@@ -295,7 +297,7 @@ async fn complete(state: &AppState, episode: String, body: Value) -> Result<Json
         out_message["tool_calls"] = Value::Array(tool_calls);
     }
     let usage = response.usage.unwrap_or_default();
-    let logprobs = request.logprobs.then(|| {
+    let logprobs = logprobs.then(|| {
         json!({"content": response.token_ids.iter().zip(&response.logprobs).map(|(id, lp)| json!({"token_id": id, "logprob": lp})).collect::<Vec<_>>()})
     });
     let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
@@ -319,5 +321,70 @@ fn sleuth_chat_shorten(text: &str) -> &str {
     match text.char_indices().nth(80) {
         Some((end, _)) => &text[..end],
         None => text,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn json_value() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(|n| json!(n)),
+            any::<f64>().prop_map(|f| json!(f)),
+            prop_oneof![Just("user".to_owned()), Just("auto".to_owned()), "\\PC{0,12}"].prop_map(Value::String),
+        ];
+        leaf.prop_recursive(4, 32, 6, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                proptest::collection::btree_map(
+                    prop_oneof![
+                        Just("messages".to_owned()),
+                        Just("role".to_owned()),
+                        Just("content".to_owned()),
+                        Just("tools".to_owned()),
+                        Just("function".to_owned()),
+                        Just("stop".to_owned()),
+                        Just("tool_choice".to_owned()),
+                        Just("max_tokens".to_owned()),
+                        Just("tool_calls".to_owned()),
+                        "[a-z_]{1,8}"
+                    ],
+                    inner,
+                    0..6
+                )
+                .prop_map(|map| Value::Object(map.into_iter().collect())),
+            ]
+        })
+    }
+
+    #[test]
+    fn bodies_become_turns_and_bad_fields_are_named() {
+        let body = json!({"messages": [{"role": "user", "content": "hi"}], "stop": ["\n"], "max_tokens": 5});
+        let chat = chat_request("e", body).unwrap();
+        assert_eq!((chat.messages.len(), chat.sampling.unwrap().max_new_tokens), (1, 5));
+        let error = chat_request("e", json!({"messages": [{"role": "user", "content": 3}]})).unwrap_err();
+        assert!(error.to_string().contains("messages[0].content"), "{error}");
+        let error = chat_request("e", json!({"messages": [], "stop": [1]})).unwrap_err();
+        assert!(error.to_string().contains("stop[0]"), "{error}");
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 10_000, ..ProptestConfig::default() })]
+
+        /// Any JSON body: a turn or an InvalidArgument naming what is wrong, never a panic.
+        #[test]
+        fn any_body_is_a_turn_or_a_named_error(body in json_value(), messages in json_value()) {
+            for body in [body.clone(), json!({"messages": messages, "stop": body})] {
+                match chat_request("fuzz", body) {
+                    Ok(chat) => prop_assert_eq!(chat.episode_id, "fuzz"),
+                    Err(error) => prop_assert!(matches!(error, Error::InvalidArgument(_)), "{error}"),
+                }
+            }
+        }
     }
 }

@@ -213,6 +213,8 @@ fn read_frame(link: &mut BufReader<TcpStream>, max: usize) -> std::io::Result<Ve
 
 /// Bytes of a handshake frame at most (a rank number, a nonce and a MAC).
 const HANDSHAKE_FRAME: usize = 1024;
+/// Handshakes rank 0 runs at once; more connections are dropped.
+const MAX_HANDSHAKES: usize = 64;
 /// Frame size allowed until the learner knows its model (see [`Collective::limit_frames`]).
 const DEFAULT_MAX_FRAME: usize = 64 << 20;
 /// Labels that keep a MAC of one handshake message from passing for another.
@@ -281,9 +283,13 @@ impl TcpCollective {
             let mut links: Vec<Option<Link>> = (1..world_size).map(|_| None).collect();
             listener.set_nonblocking(true).map_err(|e| failed(e.to_string()))?;
             let deadline = Instant::now() + timeout;
+            // Handshakes run on their own threads, so a silent connection
+            // delays no other rank; beyond MAX_HANDSHAKES at once, connections are dropped.
+            let (admitted, verdicts) = std::sync::mpsc::channel();
+            let in_progress = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
             while links.iter().any(Option::is_none) {
-                match listener.accept() {
-                    Ok((stream, from)) => match admit(stream, secret, handshake_timeout, world_size) {
+                while let Ok((from, verdict)) = verdicts.try_recv() {
+                    match verdict {
                         Ok((joined, link)) => match links.get_mut(joined - 1) {
                             Some(slot @ None) => {
                                 *slot = Some(settle(link, peer_timeout).map_err(|e| failed(e.to_string()))?)
@@ -292,7 +298,23 @@ impl TcpCollective {
                         },
                         // A stranger (or a rank with another secret) is turned away; the rendezvous goes on.
                         Err(why) => tracing::warn!(%from, %why, "refused a connection to the learner's rendezvous"),
-                    },
+                    }
+                }
+                match listener.accept() {
+                    Ok((stream, from)) => {
+                        use std::sync::atomic::Ordering;
+                        if in_progress.fetch_add(1, Ordering::SeqCst) >= MAX_HANDSHAKES {
+                            in_progress.fetch_sub(1, Ordering::SeqCst);
+                            tracing::warn!(%from, "too many handshakes at once; dropped a connection");
+                            continue;
+                        }
+                        let (admitted, in_progress, secret) = (admitted.clone(), in_progress.clone(), secret.clone());
+                        std::thread::spawn(move || {
+                            let verdict = admit(stream, &secret, handshake_timeout, world_size);
+                            in_progress.fetch_sub(1, Ordering::SeqCst);
+                            let _ = admitted.send((from, verdict));
+                        });
+                    }
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                         if Instant::now() > deadline {
                             let missing: Vec<usize> =
@@ -307,19 +329,22 @@ impl TcpCollective {
             let links = links.into_iter().map(|l| l.expect("all joined")).collect();
             Ok(Self { rank, world: world_size, links, max_frame: DEFAULT_MAX_FRAME })
         } else {
+            // Until the deadline, a refused or broken handshake is tried
+            // again (rank 0 may be starting, or busy with other ranks).
             let deadline = Instant::now() + timeout;
-            let stream = loop {
-                match TcpStream::connect_timeout(&address, Duration::from_secs(5)) {
-                    Ok(stream) => break stream,
-                    Err(e) if Instant::now() > deadline => {
-                        return Err(failed(format!("rank {rank} cannot reach {master_addr}:{master_port}: {e}")));
-                    }
-                    Err(_) => std::thread::sleep(Duration::from_millis(50)),
+            let link = loop {
+                let why = match TcpStream::connect_timeout(&address, Duration::from_secs(5)) {
+                    Ok(stream) => match join(stream, secret, handshake_timeout, rank) {
+                        Ok(link) => break link,
+                        Err(why) => format!("was not admitted: {why}"),
+                    },
+                    Err(e) => format!("cannot reach it: {e}"),
+                };
+                if Instant::now() > deadline {
+                    return Err(failed(format!("rank {rank}, rank 0 at {master_addr}:{master_port}: {why}")));
                 }
+                std::thread::sleep(Duration::from_millis(50));
             };
-            let link = join(stream, secret, handshake_timeout, rank).map_err(|why| {
-                failed(format!("rank {rank} was not admitted by rank 0 at {master_addr}:{master_port}: {why}"))
-            })?;
             let link = settle(link, peer_timeout).map_err(|e| failed(e.to_string()))?;
             Ok(Self { rank, world: world_size, links: vec![link], max_frame: DEFAULT_MAX_FRAME })
         }
@@ -506,7 +531,8 @@ mod tests {
         // Silence.
         let _silent = reach();
         // A rank with another secret.
-        let error = TcpCollective::connect(&rendezvous(1, b"other")).err().unwrap().to_string();
+        let other = Rendezvous { timeout: Duration::from_secs(2), ..rendezvous(1, b"other") };
+        let error = TcpCollective::connect(&other).err().unwrap().to_string();
         assert!(error.contains("not admitted") && error.contains("another mesh secret"), "{error}");
 
         let mut one = TcpCollective::connect(&rendezvous(1, b"mesh")).unwrap();

@@ -170,3 +170,82 @@ pub(crate) fn take_group(entry: &Entry, plan: &Plan, version: u64) -> (Vec<Sampl
         Err(e) => rejected(record, e.to_string()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+    use sleuth_proto::common::v1::{Episode, Trace, TraceSegment};
+
+    use super::*;
+
+    fn plan(sft: bool) -> Plan {
+        Plan {
+            run_id: "r".into(),
+            sft,
+            sft_min_reward: 0.5,
+            estimator: crate::advantage::Estimator::Grpo,
+            global_batch_size: 1,
+            max_staleness: 1,
+            checkpoint_every: 1,
+            max_steps: 0,
+            start_model_uri: None,
+        }
+    }
+
+    /// A segment with lengths a fuzzer picks (mask and logprobs may disagree with the tokens).
+    fn segment() -> impl Strategy<Value = TraceSegment> {
+        (0i32..5, 0usize..6, 0usize..7, 0usize..7, any::<u64>()).prop_map(|(kind, tokens, mask, logprobs, version)| {
+            TraceSegment {
+                kind,
+                token_ids: (0..tokens as u32).collect(),
+                loss_mask: vec![1; mask],
+                logprobs: vec![-1.0; logprobs],
+                policy_version: version % 4,
+                ..Default::default()
+            }
+        })
+    }
+
+    fn episode() -> impl Strategy<Value = Episode> {
+        (
+            prop_oneof![Just(0.0), Just(1.0), Just(f64::NAN), Just(f64::INFINITY), any::<f64>()],
+            proptest::option::of(proptest::collection::vec(segment(), 0..4)),
+        )
+            .prop_map(|(reward, segments)| Episode {
+                reward,
+                trace: segments.map(|segments| Trace { segments, ..Default::default() }),
+                ..Default::default()
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 10_000, ..ProptestConfig::default() })]
+
+        /// Any stream payload (a group of any shape, or bytes that are no
+        /// group): samples whose arrays agree, or a recorded reason; never a panic.
+        #[test]
+        fn any_payload_is_trained_or_recorded_with_a_reason(
+            episodes in proptest::collection::vec(episode(), 0..5),
+            noise in proptest::collection::vec(any::<u8>(), 0..64),
+            sft in any::<bool>(),
+            version in 0u64..6,
+        ) {
+            let group = TrajectoryGroup { group_id: "g".into(), episodes, ..Default::default() };
+            for payload in [Some(group.encode_to_vec()), Some(noise.clone()), None] {
+                let entry = Entry { id: EntryId(1, 0), payload };
+                let (samples, record) = take_group(&entry, &plan(sft), version);
+                match record.disposition {
+                    Disposition::Trained => {
+                        prop_assert!(!samples.is_empty());
+                        for sample in &samples {
+                            prop_assert_eq!(sample.tokens.len(), sample.mask.len());
+                            prop_assert_eq!(sample.tokens.len(), sample.behaviour.len());
+                            prop_assert!(sample.advantage.is_finite());
+                        }
+                    }
+                    _ => prop_assert!(samples.is_empty() && (!record.detail.is_empty() || record.disposition != Disposition::Rejected)),
+                }
+            }
+        }
+    }
+}

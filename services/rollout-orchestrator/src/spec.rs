@@ -179,4 +179,47 @@ mod tests {
         assert!(training(|t| t.learning_rate = -1.0).unwrap_err().contains("spec.training.learning_rate"));
         assert!(training(|t| t.kl_coef = f64::NAN).unwrap_err().contains("spec.training.kl_coef"));
     }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 10_000, ..Default::default() })]
+
+        /// Any spec: valid, or refused with the offending field named; never a panic.
+        #[test]
+        fn any_spec_is_valid_or_names_its_field(
+            sizes in (proptest::prelude::any::<u32>(), 0u32..3, 0u32..3, 0u32..3),
+            teacher in proptest::prop_oneof!["(bm25|vector|sql):[0-9]{1,2}", "mixture", "\\PC{0,8}", proptest::strategy::Just(String::new())],
+            numbers in (proptest::prelude::any::<f64>(), proptest::prelude::any::<f64>(), proptest::prelude::any::<f64>(), 0u32..3),
+            names in ("\\PC{0,10}", "\\PC{0,10}", proptest::prop_oneof!["s3://[a-z]{0,4}(/x)?", "/abs/[a-z]{1,4}", "\\PC{0,10}"]),
+            penalties in proptest::collection::btree_map("\\PC{0,12}", proptest::prelude::any::<f64>(), 0..3),
+            source in proptest::prop_oneof!["\\PC{0,12}", proptest::strategy::Just("/nonexistent/beir".to_owned())],
+        ) {
+            let (group_size, global_batch_size, rollout_max_concurrency, eval_every) = sizes;
+            let (learning_rate, kl_coef, sft_min_reward, checkpoint_every) = numbers;
+            let (advantage, loss, model_uri) = names;
+            let task_set = pb::TaskSet { source_uri: source, collection: "c".into(), split: "test".into(), limit: 0 };
+            let spec = pb::RunSpec {
+                group_size: group_size % 70,
+                global_batch_size,
+                rollout_max_concurrency,
+                agent: Some(sleuth_proto::agent::v1::AgentConfig { teacher, ..Default::default() }),
+                policy: Some(pb::PolicySpec { model_uri }),
+                train: Some(task_set.clone()),
+                validation: (eval_every == 1).then_some(task_set),
+                training: Some(pb::TrainingSpec {
+                    advantage,
+                    loss,
+                    learning_rate,
+                    kl_coef,
+                    sft_min_reward,
+                    checkpoint_every,
+                    eval_every,
+                }),
+                reward: Some(pb::RewardSpec { name: String::new(), outcome_penalties: penalties.into_iter().collect() }),
+                ..Default::default()
+            };
+            if let Err(error) = validate(&spec) {
+                proptest::prop_assert!(error.contains("spec."), "{error}");
+            }
+        }
+    }
 }
