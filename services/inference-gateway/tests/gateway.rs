@@ -86,9 +86,22 @@ async fn one_replica_with(extra: &[&str]) -> Result<OneReplica> {
     let model = model.to_str().context("utf-8 path")?.to_owned();
     let redis = sleuth_testkit::redis()?;
     let redis_url = sleuth_testkit::redis_url(&redis);
+    // publish_version reloads the model's own directory as a checkpoint.
     let (policy_addr, policy) = start!(
         policy_server,
-        ["policy-server", "--listen", "127.0.0.1:0", "--device", "cpu", "--dtype", "f32", "--model", &model]
+        [
+            "policy-server",
+            "--listen",
+            "127.0.0.1:0",
+            "--device",
+            "cpu",
+            "--dtype",
+            "f32",
+            "--model",
+            &model,
+            "--checkpoint-roots",
+            &model
+        ]
     );
     let (gateway_addr, gateway_stop) =
         start!(inference_gateway, gateway_args(&model, &redis_url, &policy_addr, "127.0.0.1:0", extra));
@@ -468,8 +481,8 @@ async fn the_official_openai_client_runs_a_tool_calling_round_trip() -> Result<(
 /// gone with its TTL is refused, not restarted; reading a trace keeps it alive.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn turns_of_an_episode_are_atomic_and_an_expired_trace_is_refused() -> Result<()> {
-    // Longer than a turn takes here, shorter than the test's idle wait.
-    let stack = one_replica_with(&["--trace-ttl", "5s"]).await?;
+    // Longer than a turn takes here even beside other tests, shorter than the test's idle wait.
+    let stack = one_replica_with(&["--trace-ttl", "15s"]).await?;
     let history = [user("Name a colour.")];
     let racing: Vec<_> = (0..6)
         .map(|_| {
@@ -511,10 +524,10 @@ async fn turns_of_an_episode_are_atomic_and_an_expired_trace_is_refused() -> Res
     // Reads keep the trace alive past its TTL; idleness lets it expire, and
     // the next turn is refused instead of starting a new trace.
     for _ in 0..4 {
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        tokio::time::sleep(Duration::from_secs(5)).await;
         gateway.get_trace(pb::GetTraceRequest { episode_id: "counted".into() }).await?;
     }
-    tokio::time::sleep(Duration::from_secs(6)).await;
+    tokio::time::sleep(Duration::from_secs(17)).await;
     let expired = gateway.chat(counted(2, &messages)).await.expect_err("an expired trace is refused");
     assert_eq!(expired.code(), Code::FailedPrecondition, "{expired:?}");
     assert!(expired.message().contains("expired"), "{}", expired.message());

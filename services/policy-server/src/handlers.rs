@@ -17,8 +17,12 @@ use crate::error::Error;
 use crate::weights::Assembly;
 
 pub struct Handlers {
+    /// The model, once loaded (or why it could not be).
     pub engine: Arc<OnceLock<Result<Engine, String>>>,
+    /// Where `s3://` checkpoints are fetched from.
     pub s3: sleuth_store::S3Args,
+    /// The directories a local checkpoint may lie in (see [`crate::Config::checkpoint_roots`]).
+    pub checkpoint_roots: Vec<std::path::PathBuf>,
 }
 
 impl Handlers {
@@ -93,6 +97,20 @@ fn finish_reason(finish: Finish) -> i32 {
         Finish::Stop => pb::FinishReason::Stop as i32,
         Finish::Length => pb::FinishReason::Length as i32,
     }
+}
+
+/// The local checkpoint directory `uri` names, if it lies inside one of
+/// `roots` once links and `..` are resolved; an error naming the setting otherwise.
+fn confined(uri: &str, roots: &[std::path::PathBuf]) -> Result<std::path::PathBuf, Error> {
+    let path = uri.strip_prefix("file://").unwrap_or(uri);
+    let refused = |why: String| Error::InvalidArgument(format!("checkpoint_uri {uri:?}: {why}"));
+    if roots.is_empty() {
+        return Err(refused("local checkpoints need SLEUTH_CHECKPOINT_ROOTS to name their directory".into()));
+    }
+    let resolved = std::fs::canonicalize(path).map_err(|e| refused(e.to_string()))?;
+    let inside =
+        roots.iter().filter_map(|root| std::fs::canonicalize(root).ok()).any(|root| resolved.starts_with(root));
+    if inside { Ok(resolved) } else { Err(refused(format!("lies outside SLEUTH_CHECKPOINT_ROOTS {roots:?}"))) }
 }
 
 #[tonic::async_trait]
@@ -171,7 +189,7 @@ impl PolicyServer for Handlers {
                 fetched = Some(scratch);
                 Weights::Checkpoint(path)
             } else {
-                Weights::Checkpoint(header.checkpoint_uri.clone().into())
+                Weights::Checkpoint(confined(&header.checkpoint_uri, &self.checkpoint_roots)?)
             }
         } else {
             let facts = engine.facts().await?;

@@ -71,6 +71,12 @@ pub struct Config {
     #[command(flatten)]
     pub s3: sleuth_store::S3Args,
 
+    /// Directories a local `checkpoint_uri` in UpdateWeights may lie in
+    /// (comma separated). Unset: local checkpoints are refused, so a caller
+    /// can never make the server read an arbitrary directory of its disk.
+    #[arg(long, env = "SLEUTH_CHECKPOINT_ROOTS", value_delimiter = ',')]
+    pub checkpoint_roots: Vec<PathBuf>,
+
     #[command(flatten)]
     pub serve: ServeArgs,
 
@@ -132,9 +138,13 @@ pub async fn run(
         };
         async move { state }.boxed()
     });
-    let service = GrpcService::new(PolicyServerServer::new(handlers::Handlers { engine, s3: config.s3.clone() }))
-        .with_probe(sleuth_torch::device_probe(device))
-        .with_probe(probe);
+    let service = GrpcService::new(PolicyServerServer::new(handlers::Handlers {
+        engine,
+        s3: config.s3.clone(),
+        checkpoint_roots: config.checkpoint_roots.clone(),
+    }))
+    .with_probe(sleuth_torch::device_probe(device))
+    .with_probe(probe);
     sleuth_kit::serve(service, &config.serve, listener, shutdown).await?;
     Ok(())
 }

@@ -185,6 +185,46 @@ fn header(version: u64, tensor_count: u32) -> pb::UpdateWeightsRequest {
     }
 }
 
+fn checkpoint(version: u64, uri: &str) -> pb::UpdateWeightsRequest {
+    pb::UpdateWeightsRequest {
+        part: Some(pb::update_weights_request::Part::Header(pb::WeightsHeader {
+            version,
+            tensor_count: 0,
+            checkpoint_uri: uri.into(),
+        })),
+    }
+}
+
+/// A local checkpoint loads only from inside SLEUTH_CHECKPOINT_ROOTS, after
+/// links and `..` are resolved: a caller cannot make the server read any
+/// directory of its disk (here: the served model's own, a valid checkpoint).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_checkpoints_load_only_from_the_configured_roots() -> Result<()> {
+    let model = sleuth_testkit::smollm2()?;
+    let elsewhere = tempfile::tempdir()?;
+    let roots = elsewhere.path().to_str().context("utf-8")?.to_owned();
+    let server = start(&["--checkpoint-roots", &roots]).await?;
+    let mut policy = client(&server).await?;
+    let model_uri = model.to_str().context("utf-8")?.to_owned();
+    let up = "../".repeat(elsewhere.path().components().count() - 1);
+    let escaping = format!("{roots}/{up}{}", model.strip_prefix("/").unwrap_or(&model).display());
+    let linked = elsewhere.path().join("link");
+    std::os::unix::fs::symlink(&model, &linked)?;
+    for uri in [model_uri.clone(), escaping, linked.display().to_string()] {
+        let refused = policy.update_weights(tokio_stream::iter([checkpoint(1, &uri)])).await.unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{uri}: {refused:?}");
+        assert!(refused.message().contains("SLEUTH_CHECKPOINT_ROOTS"), "{}", refused.message());
+    }
+    drop(policy);
+    drop(server);
+
+    let parent = model.parent().context("parent")?.to_str().context("utf-8")?.to_owned();
+    let server = start(&["--checkpoint-roots", &format!("{roots},{parent}")]).await?;
+    let loaded = client(&server).await?.update_weights(tokio_stream::iter([checkpoint(1, &model_uri)])).await?;
+    assert_eq!(loaded.into_inner().version, 1);
+    Ok(())
+}
+
 fn tensor(name: &str, shape: &[u64], values: &[f32]) -> pb::UpdateWeightsRequest {
     pb::UpdateWeightsRequest {
         part: Some(pb::update_weights_request::Part::Tensor(pb::TensorChunk {
