@@ -433,22 +433,38 @@ async fn a_teachers_reply_is_traced_as_the_policys_own_tokens() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_official_openai_client_runs_a_tool_calling_round_trip() -> Result<()> {
+/// A policy server and a gateway serving HTTP too, with `extra` gateway
+/// flags, once the gateway is SERVING (health needs no token); everything
+/// stops when it drops.
+struct HttpStack {
+    /// The OpenAI-compatible endpoint's address.
+    http: String,
+    /// The gateway's gRPC address.
+    grpc: String,
+    _policy: sleuth_testkit::service::Running<policy_server::Error>,
+    _gateway: sleuth_testkit::service::Running<inference_gateway::Error>,
+    _redis: sleuth_testkit::TestServer,
+}
+
+async fn http_stack(extra: &[&str]) -> Result<HttpStack> {
     let model = sleuth_testkit::smollm2()?;
     let model = model.to_str().context("utf-8 path")?.to_owned();
     let redis = sleuth_testkit::redis()?;
     let redis_url = sleuth_testkit::redis_url(&redis);
-    let (policy_addr, _policy) = start!(
+    let (policy_addr, policy) = start!(
         policy_server,
         ["policy-server", "--listen", "127.0.0.1:0", "--device", "cpu", "--dtype", "f32", "--model", &model]
     );
     let http = format!("127.0.0.1:{}", sleuth_testkit::free_port()?);
-    let (gateway_addr, _gateway) = start!(
-        inference_gateway,
-        gateway_args(&model, &redis_url, &policy_addr, &http, &["--auth-token", "client-token"])
-    );
-    serving(&gateway_addr, "sleuth.inference.v1.InferenceGateway").await?;
+    let (grpc, gateway) = start!(inference_gateway, gateway_args(&model, &redis_url, &policy_addr, &http, extra));
+    serving(&grpc, "sleuth.inference.v1.InferenceGateway").await?;
+    Ok(HttpStack { http, grpc, _policy: policy, _gateway: gateway, _redis: redis })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_openai_client_runs_a_tool_calling_round_trip() -> Result<()> {
+    let stack = http_stack(&["--auth-token", "client-token"]).await?;
+    let (http, gateway_addr) = (stack.http.clone(), stack.grpc.clone());
     let script = sleuth_testkit::checkout_file("services/inference-gateway/tests/openai_client.py");
     let base_url = format!("http://{http}/episodes/openai-1/v1");
     let summary = tokio::task::spawn_blocking(move || {
@@ -540,19 +556,8 @@ async fn turns_of_an_episode_are_atomic_and_an_expired_trace_is_refused() -> Res
 /// retry advice in OpenAI's error shape instead of queueing unbounded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_openai_endpoint_is_authenticated_first_and_sheds_load() -> Result<()> {
-    let model = sleuth_testkit::smollm2()?;
-    let model = model.to_str().context("utf-8 path")?.to_owned();
-    let redis = sleuth_testkit::redis()?;
-    let redis_url = sleuth_testkit::redis_url(&redis);
-    let (policy_addr, _policy) = start!(
-        policy_server,
-        ["policy-server", "--listen", "127.0.0.1:0", "--device", "cpu", "--dtype", "f32", "--model", &model]
-    );
-    let http = format!("127.0.0.1:{}", sleuth_testkit::free_port()?);
-    let guarded = ["--auth-token", "s3cret", "--max-concurrent-requests", "1"];
-    let (grpc, _gateway) = start!(inference_gateway, gateway_args(&model, &redis_url, &policy_addr, &http, &guarded));
-    // Health answers without the token.
-    serving(&grpc, "sleuth.inference.v1.InferenceGateway").await?;
+    let stack = http_stack(&["--auth-token", "s3cret", "--max-concurrent-requests", "1"]).await?;
+    let http = stack.http.clone();
 
     let path = "/episodes/guarded/v1/chat/completions";
     let (status, body) = post_text(&http, path, &[], "{not json").await?;
