@@ -321,9 +321,7 @@ pub async fn fetch_model_dir(uri: &str, s3: &S3Args, dir: &Path) -> Result<(), S
     }
     for key in files {
         // Keys are data: only plain file names land in `dir` (never `..`).
-        if !matches!(Path::new(key.as_str()).components().collect::<Vec<_>>()[..], [Component::Normal(_)]) {
-            return Err(StoreError::Object { store: store.uri(), message: format!("holds {key:?}, not a file name") });
-        }
+        check_key(key)?;
         let bytes = store.get(key).await?;
         tokio::fs::write(dir.join(key), bytes).await.map_err(|error| StoreError::Object {
             store: dir.display().to_string(),

@@ -159,10 +159,10 @@ impl TraceStore {
     }
 
     /// Writes `loaded`'s record over the revision it was loaded at, retrying
-    /// transient failures with backoff, and returns the new revision. An error
+    /// transient failures with backoff. An error
     /// means the turn's tokens would be lost, so the caller fails the turn:
     /// [`Error::ConcurrentTurn`] when another save came first.
-    pub async fn save(&self, episode: &str, loaded: &Loaded) -> Result<u64, Error> {
+    pub async fn save(&self, episode: &str, loaded: &Loaded) -> Result<(), Error> {
         let bytes = prost::Message::encode_to_vec(&loaded.record);
         let mut backoff = FIRST_BACKOFF;
         let mut last = String::new();
@@ -180,10 +180,10 @@ impl TraceStore {
             }
             .await;
             match result {
-                Ok(revision) if revision > 0 => return Ok(revision as u64),
+                Ok(revision) if revision > 0 => return Ok(()),
                 // A retry after a lost reply finds its own write: the revision moved by one
                 // and the record is ours.
-                Ok(_) if attempt > 1 && self.is_ours(episode, loaded, &bytes).await => return Ok(loaded.revision + 1),
+                Ok(_) if attempt > 1 && self.is_ours(episode, loaded, &bytes).await => return Ok(()),
                 Ok(GONE) => return Err(Error::TraceGone { episode: episode.to_owned() }),
                 Ok(_) => return Err(Error::ConcurrentTurn { episode: episode.to_owned() }),
                 Err(message) => {

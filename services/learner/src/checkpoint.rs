@@ -108,16 +108,18 @@ pub fn digest(bytes: &[u8]) -> String {
     sha2::Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Writes this rank's shard of `step` (bytes from [`shard_bytes`]).
+/// Writes this rank's shard of `step` (bytes from [`shard_bytes`]); returns
+/// its [`digest`] for the meta that seals the step.
 pub async fn save_shard(
     store: &ObjectStore,
     step: u64,
     rank: usize,
     world: usize,
     bytes: Vec<u8>,
-) -> Result<(), CheckpointError> {
+) -> Result<String, CheckpointError> {
+    let digest = digest(&bytes);
     store.put(&shard_key(step, rank, world), bytes).await?;
-    Ok(())
+    Ok(digest)
 }
 
 /// Writes the merged HF export (rank 0) from a local directory written by
@@ -199,13 +201,14 @@ async fn load_shard(
 ) -> Result<Shard, CheckpointError> {
     let key = shard_key(meta.step, rank, world);
     let bytes = store.get(&key).await?;
-    if let Some(expected) = meta.shard_sha256.get(rank)
-        && *expected != digest(&bytes)
-    {
-        return Err(CheckpointError::Corrupt {
-            key,
-            message: format!("SHA-256 {} differs from {expected} recorded when it was sealed", digest(&bytes)),
-        });
+    if let Some(expected) = meta.shard_sha256.get(rank) {
+        let actual = digest(&bytes);
+        if actual != *expected {
+            return Err(CheckpointError::Corrupt {
+                key,
+                message: format!("SHA-256 {actual} differs from {expected} recorded when it was sealed"),
+            });
+        }
     }
     let tensors = read_safetensors(&bytes)?;
     let find =

@@ -368,9 +368,7 @@ pub async fn follow(trainer: Trainer, checkpoints: ObjectStore) -> Result<(), Er
                 let (rank, world) = (trainer.collective.rank(), trainer.collective.world());
                 let (t, bytes) = blocking(trainer, |t| checkpoint::shard_bytes(&t.shard)).await?;
                 trainer = t;
-                let bytes = bytes?;
-                let digest = checkpoint::digest(&bytes);
-                checkpoint::save_shard(&checkpoints, step, rank, world, bytes).await?;
+                let digest = checkpoint::save_shard(&checkpoints, step, rank, world, bytes?).await?;
                 // Rank 0 seals the step with every rank's digest once all are saved.
                 let (t, arrived) = blocking(trainer, move |t| t.collective.all_gather(digest.into_bytes())).await?;
                 trainer = t;
@@ -397,9 +395,7 @@ pub(crate) async fn save_checkpoint(trainer: Trainer, sources: &Sources, meta: &
         Ok(bytes)
     })
     .await?;
-    let written = written?;
-    let digest = checkpoint::digest(&written);
-    checkpoint::save_shard(&sources.checkpoints, step, rank, world, written).await?;
+    let digest = checkpoint::save_shard(&sources.checkpoints, step, rank, world, written?).await?;
     checkpoint::save_export(&sources.checkpoints, step, export.path()).await?;
     // Every rank's shard is saved once every rank has sent its digest.
     let (t, digests) = blocking(t, move |t| t.collective.all_gather(digest.into_bytes())).await?;
