@@ -115,26 +115,48 @@ async fn all<T>(tasks: Vec<tokio::task::JoinHandle<Result<T>>>) -> (Vec<T>, usiz
     (done, errors)
 }
 
-/// The gateway's CPU work for one turn of a 3-turn conversation (render the
-/// history, tokenise, find the new tokens), without any I/O.
+/// The gateway's CPU work for one turn (render and tokenise what is new, find
+/// the new tokens) at several depths of a long episode whose observations are
+/// about 2 KB each, beside re-rendering and re-tokenising the whole
+/// conversation at the same depth (what a turn cost before it rendered only
+/// what is new): the first stays flat, the second grows with the episode.
 fn cpu_per_turn(model: &std::path::Path) -> Result<()> {
+    use inference_gateway::conversation::{LastReply, Renderer};
     use serde_json::json;
-    let renderer = inference_gateway::conversation::Renderer::load(model)?;
-    let mut messages = vec![json!({"role": "user", "content": "What causes rain in Spain?"})];
-    let mut recorded = Vec::new();
-    for turn in 0..3 {
-        let next = renderer.next_prompt(&recorded, messages.len().saturating_sub(2), &messages, &[])?;
-        recorded.extend(next.new_tokens);
-        messages.push(json!({"role": "assistant", "content": "Let me look that up for you."}));
-        messages.push(json!({"role": "tool", "content": format!("Observation {turn}: clouds and mountains.")}));
+    let renderer = Renderer::load(model)?;
+    let template = sleuth_chat::ChatTemplate::from_dir(model)?;
+    let tokenizer = tokenizers::Tokenizer::from_file(model.join("tokenizer.json")).map_err(anyhow::Error::msg)?;
+    let system = json!({"role": "system", "content": "You answer questions by searching the documents."});
+    let observation: String = (0..40).map(|i| format!("Document {i}: rain falls mainly on the plain. ")).collect();
+    let reply = "Let me search for that.";
+    let mut messages = vec![system.clone(), json!({"role": "user", "content": "What causes rain in Spain?"})];
+    let (mut seen, mut sampled) = (0, Vec::new());
+    println!("one turn's rendering at depth (observations of {} bytes):", observation.len());
+    println!("{:>6} {:>10} {:>14} {:>16} {:>8}", "turn", "tokens", "new only (us)", "whole convo (us)", "ratio");
+    for turn in 0..=80 {
+        let last = (seen > 0).then(|| LastReply { message: &messages[seen - 1], sampled: &sampled });
+        if [2, 10, 40, 80].contains(&turn) {
+            let rounds = 50;
+            let started = Instant::now();
+            for _ in 0..rounds {
+                std::hint::black_box(renderer.next_prompt(Some(&system), last, &messages[seen..], &[])?);
+            }
+            let new_only = started.elapsed().as_secs_f64() * 1e6 / f64::from(rounds);
+            let started = Instant::now();
+            let mut tokens = 0;
+            for _ in 0..rounds {
+                let text = template.render(&messages, &[], true)?;
+                tokens = tokenizer.encode(text.as_str(), false).map_err(anyhow::Error::msg)?.len();
+            }
+            let whole = started.elapsed().as_secs_f64() * 1e6 / f64::from(rounds);
+            println!("{turn:>6} {tokens:>10} {new_only:>14.0} {whole:>16.0} {:>7.1}x", whole / new_only);
+        }
+        ensure!(!renderer.next_prompt(Some(&system), last, &messages[seen..], &[])?.drift, "turn {turn} drifted");
+        sampled = renderer.reply_tokens(Some(&system), &[], reply)?;
+        messages.push(json!({"role": "assistant", "content": reply}));
+        seen = messages.len();
+        messages.push(json!({"role": "tool", "content": observation}));
     }
-    let seen = messages.len() - 2;
-    let rounds = 2000;
-    let started = Instant::now();
-    for _ in 0..rounds {
-        std::hint::black_box(renderer.next_prompt(&recorded, seen, &messages, &[])?);
-    }
-    println!("render + tokenise one turn: {:.1} us", started.elapsed().as_secs_f64() * 1e6 / f64::from(rounds));
     Ok(())
 }
 

@@ -2,7 +2,8 @@
 
 use std::time::Duration;
 
-use sleuth_proto::common::v1::{SegmentKind, Trace, TraceSegment};
+use sha2::{Digest, Sha256};
+use sleuth_proto::common::v1::{ChatMessage, SegmentKind, ToolSpec, Trace, TraceSegment};
 use sleuth_store::RedisStore;
 
 use crate::error::Error;
@@ -16,11 +17,54 @@ pub struct EpisodeRecord {
     /// assistant reply the policy generated last.
     #[prost(uint32, tag = "2")]
     pub messages_seen: u32,
+    /// [`HistoryDigest`] of the tools and messages the last turn was sent:
+    /// the next turn's history must hash to it (empty in records written
+    /// before digests, which are then not checked).
+    #[prost(bytes = "vec", tag = "3")]
+    pub history_digest: Vec<u8>,
+}
+
+/// SHA-256 over a conversation's tools and messages (each one's protobuf,
+/// length-prefixed): a turn checks that the history it is sent is the one the
+/// episode recorded without rendering or tokenising it again.
+#[derive(Clone)]
+pub struct HistoryDigest(Sha256);
+
+impl HistoryDigest {
+    pub fn new(tools: &[ToolSpec]) -> Self {
+        let mut digest = Self(Sha256::new());
+        for tool in tools {
+            digest.add(tool);
+        }
+        digest
+    }
+
+    fn add(&mut self, item: &impl prost::Message) {
+        let bytes = item.encode_to_vec();
+        self.0.update((bytes.len() as u64).to_le_bytes());
+        self.0.update(&bytes);
+    }
+
+    /// Adds `messages`, in order.
+    pub fn extend(&mut self, messages: &[ChatMessage]) {
+        for message in messages {
+            self.add(message);
+        }
+    }
+
+    /// The digest of everything added so far.
+    pub fn value(&self) -> Vec<u8> {
+        self.0.clone().finalize().to_vec()
+    }
 }
 
 impl EpisodeRecord {
     pub fn new(episode: &str) -> Self {
-        Self { trace: Some(Trace { episode_id: episode.to_owned(), ..Trace::default() }), messages_seen: 0 }
+        Self {
+            trace: Some(Trace { episode_id: episode.to_owned(), ..Trace::default() }),
+            messages_seen: 0,
+            history_digest: Vec::new(),
+        }
     }
 
     pub fn trace(&self) -> &Trace {
@@ -35,6 +79,14 @@ impl EpisodeRecord {
     pub fn turns(&self) -> u32 {
         let policy = SegmentKind::Policy as i32;
         self.trace().segments.iter().filter(|s| s.kind == policy).map(|s| s.turn + 1).max().unwrap_or(0)
+    }
+
+    /// The tokens the policy sampled (or a teacher wrote) in the last turn.
+    pub fn last_reply(&self) -> Vec<u32> {
+        let policy = SegmentKind::Policy as i32;
+        let segments = &self.trace().segments;
+        let from = segments.iter().rposition(|s| s.kind != policy).map_or(0, |i| i + 1);
+        segments[from..].iter().flat_map(|s| s.token_ids.iter().copied()).collect()
     }
 
     /// The token sequence so far: every segment, in order.

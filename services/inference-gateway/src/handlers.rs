@@ -7,8 +7,8 @@ use sleuth_proto::inference::v1::inference_gateway_server::InferenceGateway;
 use sleuth_proto::policy::v1::{FinishReason, GenerateRequest};
 use tonic::{Request, Response, Status};
 
-use crate::conversation::Renderer;
-use crate::episode::TraceStore;
+use crate::conversation::{LastReply, Renderer};
+use crate::episode::{HistoryDigest, TraceStore};
 use crate::error::Error;
 use crate::metrics::METRICS;
 use sleuth_kit::ServiceError;
@@ -137,7 +137,6 @@ impl Handlers {
         if request.messages.is_empty() {
             return Err(Error::InvalidArgument("messages must not be empty".to_owned()));
         }
-        let messages: Vec<Json> = request.messages.iter().map(message_json).collect();
         let tools = request.tools.iter().map(tool_json).collect::<Result<Vec<_>, _>>()?;
 
         let mut loaded = self.traces.load(&episode).await?;
@@ -150,14 +149,27 @@ impl Handlers {
             _ => {}
         }
         let seen = loaded.record.messages_seen as usize;
-        if messages.len() < seen {
+        if request.messages.len() < seen {
             return Err(Error::InvalidArgument(format!(
                 "messages has {} entries but episode {episode} already covers {seen}: history is never truncated",
-                messages.len()
+                request.messages.len()
             )));
         }
+        // Only what is new is rendered: the policy's last reply (messages[seen - 1])
+        // and the messages after it. The history before the reply is checked by digest.
+        let (history, reply) = request.messages[..seen].split_at(seen.saturating_sub(1));
+        let mut digest = HistoryDigest::new(&request.tools);
+        digest.extend(history);
+        let history_drift = !loaded.record.history_digest.is_empty() && digest.value() != loaded.record.history_digest;
+        digest.extend(&request.messages[history.len()..]);
+        let system = request.messages.first().filter(|m| m.role == "system").map(message_json);
+        let reply = reply.first().map(message_json);
+        let sampled = loaded.record.last_reply();
+        let last = reply.as_ref().map(|message| LastReply { message, sampled: &sampled });
+        let new: Vec<Json> = request.messages[seen..].iter().map(message_json).collect();
+        let mut next = self.renderer.next_prompt(system.as_ref(), last, &new, &tools)?;
+        next.drift |= history_drift;
         let recorded = loaded.record.tokens();
-        let next = self.renderer.next_prompt(&recorded, seen, &messages, &tools)?;
         if next.drift {
             loaded.record.trace_mut().drift_events += 1;
             METRICS.drift_events.inc();
@@ -193,7 +205,7 @@ impl Handlers {
         let (replica, generated) = if request.teacher_reply.is_empty() {
             self.policy.generate(&episode, generate).await?
         } else {
-            let written = self.renderer.reply_tokens(&messages, &tools, &request.teacher_reply)?;
+            let written = self.renderer.reply_tokens(system.as_ref(), &tools, &request.teacher_reply)?;
             ("teacher".to_owned(), taught(written, generate.sampling.as_ref().map_or(0, |s| s.max_new_tokens)))
         };
         let policy_wait = policy_started.elapsed();
@@ -214,7 +226,8 @@ impl Handlers {
             loaded.record.trace_mut().malformed_tool_calls += 1;
             METRICS.malformed_tool_calls.inc();
         }
-        loaded.record.messages_seen = messages.len() as u32 + 1;
+        loaded.record.messages_seen = request.messages.len() as u32 + 1;
+        loaded.record.history_digest = digest.value();
         self.traces.save(&episode, &loaded).await?;
 
         let finish_reason = if !reply.tool_calls.is_empty() {
