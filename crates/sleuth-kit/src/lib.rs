@@ -10,6 +10,7 @@ pub mod auth;
 pub mod client;
 pub mod config;
 pub mod error;
+pub mod fault;
 pub mod health;
 pub mod metrics;
 pub mod seed;

@@ -39,6 +39,17 @@ impl<E: std::fmt::Display> Running<E> {
         Self { stop, server }
     }
 
+    /// Waits up to `within` for the server to end on its own, without asking
+    /// it to stop, and returns how it ended.
+    pub async fn ended(self, within: Duration) -> Result<Result<(), E>> {
+        let Self { stop, server } = self;
+        let ended = tokio::time::timeout(within, server)
+            .await
+            .map_err(|_| anyhow::anyhow!("the server still runs after {within:?}"))??;
+        drop(stop);
+        Ok(ended)
+    }
+
     pub async fn stop(self) -> Result<()> {
         drop(self.stop);
         match tokio::time::timeout(Duration::from_secs(30), self.server).await?? {

@@ -16,6 +16,9 @@ pub enum Error {
     Overloaded(String),
     #[error("{0}")]
     Internal(String),
+    /// The scheduler thread stopped: this replica generates nothing until restarted.
+    #[error("{0}; this replica serves nothing until restarted")]
+    SchedulerDown(String),
     #[error(transparent)]
     Model(#[from] sleuth_model::ModelError),
     #[error(transparent)]
@@ -31,6 +34,7 @@ impl ServiceError for Error {
             Error::StaleVersion { .. } | Error::Behind { .. } => ErrorKind::FailedPrecondition,
             Error::Overloaded(_) => ErrorKind::ResourceExhausted { retry_after: std::time::Duration::from_millis(500) },
             Error::Internal(_) => ErrorKind::Internal,
+            Error::SchedulerDown(_) => ErrorKind::Unavailable,
             Error::Model(sleuth_model::ModelError::Config { .. } | sleuth_model::ModelError::Weights(_)) => {
                 ErrorKind::InvalidArgument
             }

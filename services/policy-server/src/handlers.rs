@@ -8,7 +8,6 @@ use sleuth_model::sampling::Sampling;
 use sleuth_proto::policy::v1 as pb;
 use sleuth_proto::policy::v1::policy_server_server::PolicyServer;
 use tch::Kind;
-use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::codegen::BoxStream;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -117,7 +116,8 @@ fn confined(uri: &str, roots: &[std::path::PathBuf]) -> Result<std::path::PathBu
 impl PolicyServer for Handlers {
     async fn generate(&self, request: Request<pb::GenerateRequest>) -> Result<Response<pb::GenerateResponse>, Status> {
         let (job, with_model_logprobs) = self.job(request.get_ref())?;
-        let mut events = self.engine()?.generate(job)?;
+        let engine = self.engine()?;
+        let mut events = engine.generate(job)?;
         let mut response = pb::GenerateResponse::default();
         while let Some(event) = events.recv().await {
             match event? {
@@ -137,7 +137,8 @@ impl PolicyServer for Handlers {
                 }
             }
         }
-        Err(Error::Internal("generation ended without a finish reason".to_owned()).into())
+        // Events end without a finish only when the scheduler thread died mid-generation.
+        Err(engine.stopped().into())
     }
 
     async fn generate_stream(
@@ -145,8 +146,21 @@ impl PolicyServer for Handlers {
         request: Request<pb::GenerateRequest>,
     ) -> Result<Response<BoxStream<pb::GenerateChunk>>, Status> {
         let (job, with_model_logprobs) = self.job(request.get_ref())?;
-        let events = self.engine()?.generate(job)?;
-        let chunks = UnboundedReceiverStream::new(events).map(move |event| match event {
+        let engine = self.engine()?.clone();
+        let events = engine.generate(job)?;
+        // A stream the scheduler drops without a finish (it died) ends with UNAVAILABLE, never silently.
+        let events = futures::stream::unfold((events, false), move |(mut events, ended)| {
+            let engine = engine.clone();
+            async move {
+                if ended {
+                    return None;
+                }
+                let event = events.recv().await.unwrap_or_else(|| Err(engine.stopped()));
+                let ended = !matches!(event, Ok(Event::Token { .. }));
+                Some((event, (events, ended)))
+            }
+        });
+        let chunks = events.map(move |event| match event {
             Ok(Event::Token { sampled, version }) => Ok(pb::GenerateChunk {
                 token_ids: vec![sampled.token],
                 logprobs: vec![sampled.logprob],

@@ -1,8 +1,9 @@
 //! The policy server: LLM inference in libtorch with per-token behaviour and
 //! model logprobs, continuous batching and versioned weight updates.
 //!
-//! - [`engine`] is the scheduler actor that owns the model (see its docs for
-//!   the batching policy);
+//! - [`engine`] is the handle to the scheduler: jobs, events, weight updates;
+//!   the scheduler thread itself (`scheduler`, see its docs for the batching
+//!   policy) owns the model, with the prefix cache in `sessions`;
 //! - [`handlers`] is the gRPC surface: `Generate`, `GenerateStream`,
 //!   `UpdateWeights`, `GetModelInfo`.
 //!
@@ -12,6 +13,8 @@ pub mod engine;
 pub mod error;
 pub mod handlers;
 pub mod metrics;
+mod scheduler;
+mod sessions;
 pub mod stop;
 pub mod weights;
 
@@ -19,6 +22,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use futures::FutureExt;
 use sleuth_kit::{GrpcService, ServeArgs, TelemetryArgs};
@@ -133,11 +137,12 @@ pub async fn run(
     let probe = sleuth_kit::health::probe_fn("model", move || {
         let state = match ready.get() {
             None => Err("loading the model".to_owned()),
-            Some(Ok(_)) => Ok(()),
+            Some(Ok(engine)) => engine.down().map_or(Ok(()), |reason| Err(reason.to_owned())),
             Some(Err(error)) => Err(error.clone()),
         };
         async move { state }.boxed()
     });
+    let watched = engine.clone();
     let service = GrpcService::new(PolicyServerServer::new(handlers::Handlers {
         engine,
         s3: config.s3.clone(),
@@ -145,6 +150,35 @@ pub async fn run(
     }))
     .with_probe(sleuth_torch::device_probe(device))
     .with_probe(probe);
+    let down = move || match watched.get() {
+        Some(Ok(engine)) => engine.down().map(str::to_owned),
+        _ => None,
+    };
+    let died = {
+        let down = down.clone();
+        async move {
+            while down().is_none() {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            // Health already reports NOT_SERVING and calls fail UNAVAILABLE:
+            // give load balancers time to move callers away, then exit so the
+            // supervisor (kubelet, systemd) restarts the process with a new scheduler.
+            tokio::time::sleep(DRAIN_BEFORE_EXIT).await;
+        }
+    };
+    let shutdown = async move {
+        tokio::select! {
+            () = shutdown => {}
+            () = died => {}
+        }
+    };
     sleuth_kit::serve(service, &config.serve, listener, shutdown).await?;
-    Ok(())
+    match down() {
+        Some(reason) => Err(Error::SchedulerDown(reason)),
+        None => Ok(()),
+    }
 }
+
+/// How long a policy server whose scheduler died keeps answering (NOT_SERVING,
+/// UNAVAILABLE) before it exits.
+const DRAIN_BEFORE_EXIT: Duration = Duration::from_secs(15);
