@@ -91,6 +91,18 @@ fn chart_renders_valid_manifests_with_known_settings() -> Result<()> {
             assert!(probe.starts_with("sleuth."), "{binary} has no gRPC readiness probe on its own service: {probe:?}");
         }
     }
+    // Scopes: only the learner and the policy servers hold the publication
+    // token, only the tool gateway and the orchestrator the administration one.
+    for (binary, env, _) in deployments(&defaults) {
+        let holds = |name: &str| env.iter().any(|e| e == name);
+        let publish = matches!(binary.as_str(), "learner" | "policy-server");
+        let admin = matches!(binary.as_str(), "tool-gateway" | "rollout-orchestrator");
+        assert_eq!(holds("SLEUTH_PUBLISH_TOKEN_FILE"), publish, "{binary} and the publication token");
+        assert_eq!(holds("SLEUTH_ADMIN_TOKEN_FILE"), admin, "{binary} and the administration token");
+    }
+    let unscoped = helm_template(&["auth.scopes=false"])?;
+    validate(&unscoped)?;
+    assert!(!unscoped.contains("SLEUTH_PUBLISH_TOKEN_FILE") && !unscoped.contains("SLEUTH_ADMIN_TOKEN_FILE"));
     assert!(production.contains("secretName: mesh-token"));
     assert!(!production.contains("kind: Secret"), "an existing secret must not be replaced");
     assert!(defaults.contains("kind: Secret"), "the chart creates the token secret when none is given");

@@ -25,6 +25,10 @@ pub struct Endpoint {
     orchestrator: String,
     #[arg(long, env = "SLEUTH_AUTH_TOKEN", hide_env_values = true, global = true)]
     auth_token: Option<BearerToken>,
+    /// Sent instead of the mesh token to create and cancel runs, when the
+    /// orchestrator gives administration its own token.
+    #[command(flatten)]
+    admin: sleuth_kit::AdminTokenArgs,
 }
 
 #[derive(clap::Subcommand, Debug)]
@@ -97,9 +101,19 @@ pub struct EvalArgs {
 }
 
 async fn client(endpoint: &Endpoint) -> anyhow::Result<RolloutOrchestratorClient<MeshChannel>> {
-    let channel =
-        sleuth_kit::client::connect(&endpoint.orchestrator, endpoint.auth_token.as_ref(), Duration::from_secs(5))
-            .await?;
+    connected(endpoint, endpoint.auth_token.clone()).await
+}
+
+/// A client for the calls in the administration scope (creating and cancelling runs).
+async fn admin_client(endpoint: &Endpoint) -> anyhow::Result<RolloutOrchestratorClient<MeshChannel>> {
+    connected(endpoint, endpoint.admin.token()?.or(endpoint.auth_token.clone())).await
+}
+
+async fn connected(
+    endpoint: &Endpoint,
+    token: Option<BearerToken>,
+) -> anyhow::Result<RolloutOrchestratorClient<MeshChannel>> {
+    let channel = sleuth_kit::client::connect(&endpoint.orchestrator, token.as_ref(), Duration::from_secs(5)).await?;
     Ok(RolloutOrchestratorClient::new(channel))
 }
 
@@ -174,8 +188,10 @@ pub async fn run(args: RunArgs) -> anyhow::Result<i32> {
                     return Ok(INVALID);
                 }
             };
-            let created =
-                client.create_run(pb::CreateRunRequest { spec: Some(spec), run_id: id.unwrap_or_default() }).await;
+            let created = admin_client(&args.endpoint)
+                .await?
+                .create_run(pb::CreateRunRequest { spec: Some(spec), run_id: id.unwrap_or_default() })
+                .await;
             let run = match created {
                 Ok(run) => run.into_inner(),
                 Err(status) if status.code() == tonic::Code::InvalidArgument => {
@@ -204,7 +220,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<i32> {
         }
         RunCommand::Watch { run_id } => watch(&mut client, &run_id).await,
         RunCommand::Cancel { run_id, reason } => {
-            print_run(&client.cancel_run(pb::CancelRunRequest { run_id, reason }).await.map_err(rpc)?.into_inner());
+            let mut admin = admin_client(&args.endpoint).await?;
+            print_run(&admin.cancel_run(pb::CancelRunRequest { run_id, reason }).await.map_err(rpc)?.into_inner());
             Ok(0)
         }
         RunCommand::List { page_size } => {

@@ -2,7 +2,12 @@
 //!
 //! One shared token (a Kubernetes secret) guards every RPC except gRPC health,
 //! which Kubernetes probes and load balancers must reach unauthenticated.
-//! Weight updates above all must never be callable by strangers.
+//! The calls that change what the mesh serves can have tokens of their own
+//! (scopes): publishing weights (`SLEUTH_PUBLISH_TOKEN`, held by the learner
+//! only) and administration (`SLEUTH_ADMIN_TOKEN`: collections, creating and
+//! cancelling runs). A scoped call then opens only with its scope's token, so
+//! a holder of the mesh token (any agent pod) can no longer make a policy
+//! server load weights or a tool gateway read or write collections.
 
 use std::fmt;
 use std::str::FromStr;
@@ -66,16 +71,60 @@ impl fmt::Debug for BearerToken {
     }
 }
 
-/// Rejects requests that do not carry the mesh's bearer token with
-/// `Unauthenticated`, before they reach any handler or take any capacity.
+/// Which token opens which call: the mesh token opens every call except
+/// those with a scope token of their own, which only that token opens.
+#[derive(Clone, Debug, Default)]
+pub struct Access {
+    /// The mesh's token; None: calls outside a scope need no token.
+    mesh: Option<BearerToken>,
+    /// gRPC paths (`/package.Service/Method`), the token each needs and the
+    /// setting that names it (for the error a wrong token gets).
+    scoped: Vec<(String, BearerToken, &'static str)>,
+}
+
+impl Access {
+    /// Every call opened by `mesh` (or by anyone, when None).
+    pub fn mesh(mesh: Option<BearerToken>) -> Self {
+        Self { mesh, scoped: Vec::new() }
+    }
+
+    /// `path` opens only with `token`, the value of `setting`.
+    pub fn scope(mut self, path: String, token: BearerToken, setting: &'static str) -> Self {
+        self.scoped.push((path, token, setting));
+        self
+    }
+
+    /// Whether any call needs a token.
+    pub fn is_guarded(&self) -> bool {
+        self.mesh.is_some() || !self.scoped.is_empty()
+    }
+
+    /// Whether a call to `path` with the `authorization` header `presented`
+    /// may proceed: `PermissionDenied` for the mesh token on a scoped call.
+    pub fn check(&self, path: &str, presented: Option<&str>) -> Result<(), KitError> {
+        let presented = presented.unwrap_or_default();
+        let mesh_matches = self.mesh.as_ref().is_some_and(|token| token.matches_header(presented));
+        match self.scoped.iter().find(|(scoped, _, _)| scoped == path) {
+            Some((_, token, _)) if token.matches_header(presented) => Ok(()),
+            Some((path, _, setting)) if mesh_matches => Err(KitError::PermissionDenied { path: path.clone(), setting }),
+            Some(_) => Err(KitError::Unauthenticated),
+            None if self.mesh.is_none() || mesh_matches => Ok(()),
+            None => Err(KitError::Unauthenticated),
+        }
+    }
+}
+
+/// Rejects requests whose bearer token does not open their call (see
+/// [`Access`]) with `Unauthenticated` or `PermissionDenied`, before they
+/// reach any handler or take any capacity.
 #[derive(Clone, Debug)]
 pub struct RequireBearerLayer {
-    token: BearerToken,
+    access: Arc<Access>,
 }
 
 impl RequireBearerLayer {
-    pub fn new(token: BearerToken) -> Self {
-        Self { token }
+    pub fn new(access: Access) -> Self {
+        Self { access: Arc::new(access) }
     }
 }
 
@@ -83,7 +132,7 @@ impl<S> Layer<S> for RequireBearerLayer {
     type Service = RequireBearer<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        RequireBearer { inner, token: self.token.clone() }
+        RequireBearer { inner, access: self.access.clone() }
     }
 }
 
@@ -91,7 +140,7 @@ impl<S> Layer<S> for RequireBearerLayer {
 #[derive(Clone, Debug)]
 pub struct RequireBearer<S> {
     inner: S,
-    token: BearerToken,
+    access: Arc<Access>,
 }
 
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for RequireBearer<S>
@@ -108,16 +157,11 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        let authorized = request
-            .headers()
-            .get(http::header::AUTHORIZATION)
-            .and_then(|value: &HeaderValue| value.to_str().ok())
-            .is_some_and(|value| self.token.matches_header(value));
-        if authorized {
-            Either::Right(self.inner.call(request))
-        } else {
-            let status = into_status(&KitError::Unauthenticated);
-            Either::Left(ready(Ok(status.into_http())))
+        let presented =
+            request.headers().get(http::header::AUTHORIZATION).and_then(|value: &HeaderValue| value.to_str().ok());
+        match self.access.check(request.uri().path(), presented) {
+            Ok(()) => Either::Right(self.inner.call(request)),
+            Err(error) => Either::Left(ready(Ok(into_status(&error).into_http()))),
         }
     }
 }
@@ -173,13 +217,33 @@ mod tests {
         assert!("line\nbreak".parse::<BearerToken>().is_err());
     }
 
+    #[test]
+    fn a_scoped_call_opens_only_with_its_own_token() {
+        let publish: BearerToken = "publish-secret".parse().unwrap();
+        let path = "/sleuth.policy.v1.PolicyServer/UpdateWeights";
+        let access = Access::mesh(Some(token())).scope(path.to_owned(), publish, "SLEUTH_PUBLISH_TOKEN");
+        assert!(access.check(path, Some("Bearer publish-secret")).is_ok());
+        let denied = access.check(path, Some("Bearer mesh-secret")).unwrap_err();
+        assert!(
+            matches!(denied, KitError::PermissionDenied { .. }) && denied.to_string().contains("SLEUTH_PUBLISH_TOKEN")
+        );
+        assert!(matches!(access.check(path, None), Err(KitError::Unauthenticated)));
+        // Other calls: the mesh token, not the scope's.
+        assert!(access.check("/sleuth.policy.v1.PolicyServer/Generate", Some("Bearer mesh-secret")).is_ok());
+        assert!(access.check("/sleuth.policy.v1.PolicyServer/Generate", Some("Bearer publish-secret")).is_err());
+        // Without a mesh token only the scoped call is guarded.
+        let open = Access::mesh(None).scope(path.to_owned(), "p".parse().unwrap(), "SLEUTH_PUBLISH_TOKEN");
+        assert!(open.check("/sleuth.policy.v1.PolicyServer/Generate", None).is_ok());
+        assert!(open.check(path, None).is_err());
+    }
+
     #[tokio::test]
     async fn unauthenticated_requests_get_unauthenticated_status() {
         use tower::ServiceExt;
         let inner = tower::service_fn(|_: Request<()>| async {
             Ok::<_, std::convert::Infallible>(Response::new(String::from("handled")))
         });
-        let service = RequireBearerLayer::new(token()).layer(inner);
+        let service = RequireBearerLayer::new(Access::mesh(Some(token()))).layer(inner);
 
         let anonymous = service.clone().oneshot(Request::new(())).await.unwrap();
         assert_eq!(anonymous.headers()["grpc-status"], "16");

@@ -44,20 +44,77 @@ pub struct ServeArgs {
 impl ServeArgs {
     /// The configured bearer token, read from `--auth-token-file` if that is how it was given.
     pub fn bearer_token(&self) -> Result<Option<BearerToken>, KitError> {
-        if let Some(token) = &self.auth_token {
-            return Ok(Some(token.clone()));
-        }
-        let Some(path) = &self.auth_token_file else {
-            return Ok(None);
-        };
-        let text = std::fs::read_to_string(path).map_err(|source| KitError::Config {
-            field: "auth_token_file",
-            message: format!("cannot read {}: {source}", path.display()),
-        })?;
-        text.trim_end().parse().map(Some).map_err(|error| KitError::Config {
-            field: "auth_token_file",
-            message: format!("token in {}: {error}", path.display()),
-        })
+        token_from(self.auth_token.as_ref(), self.auth_token_file.as_deref(), "auth_token_file")
+    }
+}
+
+/// A token given directly or as a file (trailing whitespace ignored); errors name `file_field`.
+fn token_from(
+    token: Option<&BearerToken>,
+    file: Option<&std::path::Path>,
+    file_field: &'static str,
+) -> Result<Option<BearerToken>, KitError> {
+    if let Some(token) = token {
+        return Ok(Some(token.clone()));
+    }
+    let Some(path) = file else {
+        return Ok(None);
+    };
+    let text = std::fs::read_to_string(path).map_err(|source| KitError::Config {
+        field: file_field,
+        message: format!("cannot read {}: {source}", path.display()),
+    })?;
+    text.trim_end().parse().map(Some).map_err(|error| KitError::Config {
+        field: file_field,
+        message: format!("token in {}: {error}", path.display()),
+    })
+}
+
+/// The weight-publication scope's token: a policy server requires it on
+/// `UpdateWeights` and the learner sends it there. Unset: the mesh token
+/// opens `UpdateWeights` like every call.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct PublishTokenArgs {
+    /// Token that alone opens weight publication (`UpdateWeights`).
+    #[arg(long, env = "SLEUTH_PUBLISH_TOKEN", hide_env_values = true, conflicts_with = "publish_token_file")]
+    pub publish_token: Option<BearerToken>,
+
+    /// File holding the publication token (a mounted secret).
+    #[arg(long, env = "SLEUTH_PUBLISH_TOKEN_FILE")]
+    pub publish_token_file: Option<PathBuf>,
+}
+
+impl PublishTokenArgs {
+    /// The environment variable that sets the token, for errors.
+    pub const SETTING: &'static str = "SLEUTH_PUBLISH_TOKEN";
+
+    /// The configured token, read from its file if that is how it was given.
+    pub fn token(&self) -> Result<Option<BearerToken>, KitError> {
+        token_from(self.publish_token.as_ref(), self.publish_token_file.as_deref(), "publish_token_file")
+    }
+}
+
+/// The administration scope's token: a tool gateway requires it to create,
+/// load, publish and delete collections, an orchestrator to create and cancel
+/// runs; the CLI sends it there. Unset: the mesh token opens them.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct AdminTokenArgs {
+    /// Token that alone opens administration (collections, creating and cancelling runs).
+    #[arg(long, env = "SLEUTH_ADMIN_TOKEN", hide_env_values = true, conflicts_with = "admin_token_file")]
+    pub admin_token: Option<BearerToken>,
+
+    /// File holding the administration token (a mounted secret).
+    #[arg(long, env = "SLEUTH_ADMIN_TOKEN_FILE")]
+    pub admin_token_file: Option<PathBuf>,
+}
+
+impl AdminTokenArgs {
+    /// The environment variable that sets the token, for errors.
+    pub const SETTING: &'static str = "SLEUTH_ADMIN_TOKEN";
+
+    /// The configured token, read from its file if that is how it was given.
+    pub fn token(&self) -> Result<Option<BearerToken>, KitError> {
+        token_from(self.admin_token.as_ref(), self.admin_token_file.as_deref(), "admin_token_file")
     }
 }
 

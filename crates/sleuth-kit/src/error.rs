@@ -29,6 +29,8 @@ pub enum ErrorKind {
     Unavailable,
     /// No or wrong credentials.
     Unauthenticated,
+    /// Valid credentials that do not open this call (it needs a scope's own token).
+    PermissionDenied,
     /// Not implemented by this version of the service.
     Unimplemented,
     /// A bug or an unexpected failure inside the service.
@@ -47,6 +49,7 @@ impl ErrorKind {
             ErrorKind::ResourceExhausted { .. } => "resource_exhausted",
             ErrorKind::Unavailable => "unavailable",
             ErrorKind::Unauthenticated => "unauthenticated",
+            ErrorKind::PermissionDenied => "permission_denied",
             ErrorKind::Unimplemented => "unimplemented",
             ErrorKind::Internal => "internal",
         }
@@ -91,6 +94,7 @@ pub fn into_status<E: ServiceError + ?Sized>(error: &E) -> Status {
         }
         ErrorKind::Unavailable => Code::Unavailable,
         ErrorKind::Unauthenticated => Code::Unauthenticated,
+        ErrorKind::PermissionDenied => Code::PermissionDenied,
         ErrorKind::Unimplemented => Code::Unimplemented,
         ErrorKind::Internal => {
             tracing::error!(error = %message, "internal error");
@@ -107,6 +111,9 @@ pub enum KitError {
     Config { field: &'static str, message: String },
     #[error("missing or invalid bearer token")]
     Unauthenticated,
+    /// The mesh token was presented for a call that needs a scope's own token.
+    #[error("{path} needs its own token ({setting}), not the mesh token")]
+    PermissionDenied { path: String, setting: &'static str },
     #[error("server is at its limit of concurrent requests")]
     Overloaded,
     #[error("cannot connect to {endpoint}")]
@@ -130,6 +137,7 @@ impl ServiceError for KitError {
         match self {
             KitError::Config { .. } => ErrorKind::InvalidArgument,
             KitError::Unauthenticated => ErrorKind::Unauthenticated,
+            KitError::PermissionDenied { .. } => ErrorKind::PermissionDenied,
             KitError::Overloaded => ErrorKind::ResourceExhausted { retry_after: Duration::from_millis(100) },
             KitError::Connect { .. } => ErrorKind::Unavailable,
             KitError::Reflection(_) | KitError::Serve(_) | KitError::Telemetry(_) | KitError::RequestStack(_) => {

@@ -20,7 +20,7 @@ pub mod stack;
 pub mod telemetry;
 
 pub use auth::BearerToken;
-pub use config::{ServeArgs, TelemetryArgs};
+pub use config::{AdminTokenArgs, PublishTokenArgs, ServeArgs, TelemetryArgs};
 pub use error::{ErrorKind, KitError, ServiceError};
 pub use health::Probe;
 pub use serve::{GrpcService, serve};

@@ -11,6 +11,7 @@ use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
 use tonic_health::ServingStatus;
 
+use crate::auth::{Access, BearerToken};
 use crate::config::ServeArgs;
 use crate::error::KitError;
 use crate::health::{Probe, watch_readiness};
@@ -21,6 +22,8 @@ pub struct GrpcService {
     name: &'static str,
     routes: Routes,
     probes: Vec<Arc<dyn Probe>>,
+    /// Methods that only a scope's own token opens (see [`Access`]).
+    access: Vec<(String, BearerToken, &'static str)>,
 }
 
 impl GrpcService {
@@ -36,7 +39,19 @@ impl GrpcService {
         S::Response: axum::response::IntoResponse,
         S::Future: Send + 'static,
     {
-        Self { name: S::NAME, routes: Routes::new(server), probes: Vec::new() }
+        Self { name: S::NAME, routes: Routes::new(server), probes: Vec::new(), access: Vec::new() }
+    }
+
+    /// `methods` of this service open only with `token` (the value of
+    /// `setting`), not with the mesh token; with no token they stay in the
+    /// mesh's scope.
+    pub fn with_scope(mut self, methods: &[&str], token: Option<BearerToken>, setting: &'static str) -> Self {
+        if let Some(token) = token {
+            for method in methods {
+                self.access.push((format!("/{}/{method}", self.name), token.clone(), setting));
+            }
+        }
+        self
     }
 
     /// Adds a dependency that must answer before the service reports SERVING.
@@ -63,8 +78,11 @@ pub async fn serve(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), KitError> {
-    let GrpcService { name, routes, probes } = service;
+    let GrpcService { name, routes, probes, access: scoped } = service;
     let token = args.bearer_token()?;
+    let access = scoped
+        .into_iter()
+        .fold(Access::mesh(token.clone()), |access, (path, token, setting)| access.scope(path, token, setting));
     let local_addr = listener.local_addr().map_err(|error| KitError::Config {
         field: "listen",
         message: format!("listener has no local address: {error}"),
@@ -85,7 +103,7 @@ pub async fn serve(
             .with_service_name(tonic_health::pb::health_server::SERVICE_NAME)
     };
     let routes = routes.add_service(reflection().build_v1()?).add_service(reflection().build_v1alpha()?);
-    let guarded = stack::guard(routes.into_axum_router(), args.max_concurrent_requests as usize, token.clone());
+    let guarded = stack::guard(routes.into_axum_router(), args.max_concurrent_requests as usize, access);
     // Health and metrics are added after the stack was applied, so they stay
     // outside it: probes and scrapers need no token and get answers under load.
     let routes = Routes::from(guarded).add_service(health_server);

@@ -28,20 +28,17 @@ use tower::limit::GlobalConcurrencyLimitLayer;
 use tower::load_shed::LoadShedLayer;
 use tower::{BoxError, ServiceBuilder};
 
-use crate::auth::{BearerToken, RequireBearerLayer};
+use crate::auth::{Access, RequireBearerLayer};
 use crate::error::{KitError, into_status};
 
 /// Wraps every route of `router` in the stack described above.
-pub fn guard(router: axum::Router, max_concurrent_requests: usize, token: Option<BearerToken>) -> axum::Router {
+pub fn guard(router: axum::Router, max_concurrent_requests: usize, access: Access) -> axum::Router {
     let limits = ServiceBuilder::new()
         .layer(HandleErrorLayer::new(reject))
         .layer(LoadShedLayer::new())
         .layer(GlobalConcurrencyLimitLayer::new(max_concurrent_requests));
     let router = router.layer(limits);
-    match token {
-        Some(token) => router.layer(RequireBearerLayer::new(token)),
-        None => router,
-    }
+    if access.is_guarded() { router.layer(RequireBearerLayer::new(access)) } else { router }
 }
 
 /// The only error the limit layers produce is tower's `Overloaded`; anything

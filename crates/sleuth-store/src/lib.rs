@@ -9,12 +9,14 @@
 pub mod object;
 pub mod redis;
 pub mod retry;
+pub mod roots;
 pub mod sql;
 pub mod trajectories;
 
 pub use object::{ObjectStore, S3Args};
 pub use redis::{RedisArgs, RedisStore};
 pub use retry::patiently;
+pub use roots::LocalRoots;
 pub use sql::{Database, DatabaseArgs};
 
 /// Errors of every store.
@@ -38,6 +40,9 @@ pub enum StoreError {
     ObjectNotFound { store: String, key: String },
     #[error("object store {store}: {message}")]
     Object { store: String, message: String },
+    /// A caller named a local path outside the directories it may use.
+    #[error("{uri:?} {message}: a request may only name local paths inside {setting}")]
+    Outside { uri: String, setting: &'static str, message: String },
     #[error("object store {store}")]
     Io {
         store: String,
@@ -53,6 +58,7 @@ impl sleuth_kit::ServiceError for StoreError {
             StoreError::InvalidUrl { .. } => ErrorKind::InvalidArgument,
             StoreError::ObjectNotFound { .. } => ErrorKind::NotFound,
             StoreError::Redis { .. } | StoreError::Sql { .. } | StoreError::Object { .. } => ErrorKind::Unavailable,
+            StoreError::Outside { .. } => ErrorKind::PermissionDenied,
             StoreError::Io { .. } => ErrorKind::Internal,
         }
     }

@@ -156,6 +156,7 @@ impl IntoResponse for ApiError {
             ErrorKind::InvalidArgument => (StatusCode::BAD_REQUEST, "invalid_request_error"),
             ErrorKind::NotFound => (StatusCode::NOT_FOUND, "not_found_error"),
             ErrorKind::Unauthenticated => (StatusCode::UNAUTHORIZED, "authentication_error"),
+            ErrorKind::PermissionDenied => (StatusCode::FORBIDDEN, "permission_error"),
             ErrorKind::ResourceExhausted { .. } => (StatusCode::TOO_MANY_REQUESTS, "rate_limit_error"),
             ErrorKind::FailedPrecondition | ErrorKind::AlreadyExists | ErrorKind::Aborted => {
                 (StatusCode::CONFLICT, "invalid_request_error")

@@ -153,6 +153,11 @@ pub struct Config {
     #[arg(long, env = "SLEUTH_TORCH_THREADS", default_value_t = 0)]
     pub torch_threads: usize,
 
+    /// The token sent on `UpdateWeights` when publication has its own scope
+    /// (see `sleuth_kit::auth`); unset: the mesh token.
+    #[command(flatten)]
+    pub publish: sleuth_kit::PublishTokenArgs,
+
     #[command(flatten)]
     pub serve: ServeArgs,
 

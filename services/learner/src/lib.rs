@@ -297,7 +297,11 @@ pub async fn run(
             checkpoints: checkpoints.clone(),
             keep_checkpoints: config.keep_checkpoints,
             database: database.clone(),
-            publisher: publish::Publisher::new(&config.policy_servers, token.as_ref(), config.publish_timeout)?,
+            publisher: publish::Publisher::new(
+                &config.policy_servers,
+                config.publish.token()?.or(token.clone()).as_ref(),
+                config.publish_timeout,
+            )?,
             model_dir,
             model_config,
             run: match &config.orchestrator {

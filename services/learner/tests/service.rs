@@ -364,13 +364,27 @@ async fn published_weights_change_the_policy_server() -> Result<()> {
     let model = model.to_str().context("utf-8")?.to_owned();
     let redis_server = sleuth_testkit::redis()?;
     let redis_url = sleuth_testkit::redis_url(&redis_server);
+    // Publication has its own token: the mesh token opens turns, not UpdateWeights.
+    let tokens = ["--auth-token", "mesh-secret", "--publish-token", "publish-secret"];
     let (policy_addr, _policy) = sleuth_testkit::start_service!(
         policy_server,
-        ["policy-server", "--listen", "127.0.0.1:0", "--device", "cpu", "--dtype", "f32", "--model", &model]
+        [
+            &["policy-server", "--listen", "127.0.0.1:0", "--device", "cpu", "--dtype", "f32", "--model", &model][..],
+            &tokens
+        ]
+        .concat()
     );
     sleuth_testkit::service::wait_serving(&policy_addr, "sleuth.policy.v1.PolicyServer").await?;
+    let mesh: sleuth_kit::BearerToken = "mesh-secret".parse()?;
     let mut policy =
-        PolicyServerClient::new(sleuth_kit::client::connect(&policy_addr, None, Duration::from_secs(5)).await?);
+        PolicyServerClient::new(sleuth_kit::client::connect(&policy_addr, Some(&mesh), Duration::from_secs(5)).await?);
+    let header = sleuth_proto::policy::v1::UpdateWeightsRequest {
+        part: Some(sleuth_proto::policy::v1::update_weights_request::Part::Header(
+            sleuth_proto::policy::v1::WeightsHeader { version: 9, tensor_count: 0, checkpoint_uri: model.clone() },
+        )),
+    };
+    let denied = policy.update_weights(tokio_stream::iter([header])).await.unwrap_err();
+    assert_eq!(denied.code(), tonic::Code::PermissionDenied, "{denied:?}");
     let greedy = greedy(12);
     let before = policy.generate(greedy.clone()).await?.into_inner();
     assert_eq!(before.policy_versions.first(), Some(&0));
@@ -382,8 +396,8 @@ async fn published_weights_change_the_policy_server() -> Result<()> {
     let checkpoints = scratch.path().join("checkpoints");
     let database = format!("sqlite://{}", scratch.path().join("runs.db").display());
     let checkpoint_uri = checkpoints.to_str().context("utf-8")?;
-    train_one_step("publish", &model, &redis_url, &database, checkpoint_uri, &["--policy-servers", &policy_addr])
-        .await?;
+    let learner_flags = [&["--policy-servers", policy_addr.as_str()][..], &tokens].concat();
+    train_one_step("publish", &model, &redis_url, &database, checkpoint_uri, &learner_flags).await?;
 
     let info = policy.get_model_info(GetModelInfoRequest {}).await?.into_inner();
     assert_eq!(info.policy_version, 1, "the server serves the learner's step-1 weights");

@@ -25,6 +25,9 @@ pub enum Error {
     Torch(#[from] sleuth_torch::TorchError),
     #[error(transparent)]
     Kit(#[from] KitError),
+    /// A checkpoint path outside the configured roots, or another store failure.
+    #[error(transparent)]
+    Store(#[from] sleuth_store::StoreError),
 }
 
 impl ServiceError for Error {
@@ -41,6 +44,7 @@ impl ServiceError for Error {
             Error::Model(_) => ErrorKind::Internal,
             Error::Torch(error) => error.kind(),
             Error::Kit(error) => error.kind(),
+            Error::Store(error) => error.kind(),
         }
     }
 }

@@ -21,7 +21,7 @@ pub struct Handlers {
     /// Where `s3://` checkpoints are fetched from.
     pub s3: sleuth_store::S3Args,
     /// The directories a local checkpoint may lie in (see [`crate::Config::checkpoint_roots`]).
-    pub checkpoint_roots: Vec<std::path::PathBuf>,
+    pub checkpoint_roots: sleuth_store::LocalRoots,
 }
 
 impl Handlers {
@@ -96,20 +96,6 @@ fn finish_reason(finish: Finish) -> i32 {
         Finish::Stop => pb::FinishReason::Stop as i32,
         Finish::Length => pb::FinishReason::Length as i32,
     }
-}
-
-/// The local checkpoint directory `uri` names, if it lies inside one of
-/// `roots` once links and `..` are resolved; an error naming the setting otherwise.
-fn confined(uri: &str, roots: &[std::path::PathBuf]) -> Result<std::path::PathBuf, Error> {
-    let path = uri.strip_prefix("file://").unwrap_or(uri);
-    let refused = |why: String| Error::InvalidArgument(format!("checkpoint_uri {uri:?}: {why}"));
-    if roots.is_empty() {
-        return Err(refused("local checkpoints need SLEUTH_CHECKPOINT_ROOTS to name their directory".into()));
-    }
-    let resolved = std::fs::canonicalize(path).map_err(|e| refused(e.to_string()))?;
-    let inside =
-        roots.iter().filter_map(|root| std::fs::canonicalize(root).ok()).any(|root| resolved.starts_with(root));
-    if inside { Ok(resolved) } else { Err(refused(format!("lies outside SLEUTH_CHECKPOINT_ROOTS {roots:?}"))) }
 }
 
 #[tonic::async_trait]
@@ -203,7 +189,9 @@ impl PolicyServer for Handlers {
                 fetched = Some(scratch);
                 Weights::Checkpoint(path)
             } else {
-                Weights::Checkpoint(confined(&header.checkpoint_uri, &self.checkpoint_roots)?)
+                let uri = &header.checkpoint_uri;
+                let path = std::path::Path::new(uri.strip_prefix("file://").unwrap_or(uri));
+                Weights::Checkpoint(self.checkpoint_roots.confine(uri, path).map_err(Error::from)?)
             }
         } else {
             let facts = engine.facts().await?;

@@ -81,6 +81,10 @@ pub struct Config {
     #[arg(long, env = "SLEUTH_CHECKPOINT_ROOTS", value_delimiter = ',')]
     pub checkpoint_roots: Vec<PathBuf>,
 
+    /// The token that alone opens `UpdateWeights` (see `sleuth_kit::auth`).
+    #[command(flatten)]
+    pub publish: sleuth_kit::PublishTokenArgs,
+
     #[command(flatten)]
     pub serve: ServeArgs,
 
@@ -146,10 +150,14 @@ pub async fn run(
     let service = GrpcService::new(PolicyServerServer::new(handlers::Handlers {
         engine,
         s3: config.s3.clone(),
-        checkpoint_roots: config.checkpoint_roots.clone(),
+        checkpoint_roots: sleuth_store::LocalRoots {
+            roots: config.checkpoint_roots.clone(),
+            setting: "SLEUTH_CHECKPOINT_ROOTS",
+        },
     }))
     .with_probe(sleuth_torch::device_probe(device))
-    .with_probe(probe);
+    .with_probe(probe)
+    .with_scope(&["UpdateWeights"], config.publish.token()?, sleuth_kit::PublishTokenArgs::SETTING);
     let down = move || match watched.get() {
         Some(Ok(engine)) => engine.down().map(str::to_owned),
         _ => None,

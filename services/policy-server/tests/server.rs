@@ -212,7 +212,7 @@ async fn local_checkpoints_load_only_from_the_configured_roots() -> Result<()> {
     std::os::unix::fs::symlink(&model, &linked)?;
     for uri in [model_uri.clone(), escaping, linked.display().to_string()] {
         let refused = policy.update_weights(tokio_stream::iter([checkpoint(1, &uri)])).await.unwrap_err();
-        assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{uri}: {refused:?}");
+        assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{uri}: {refused:?}");
         assert!(refused.message().contains("SLEUTH_CHECKPOINT_ROOTS"), "{}", refused.message());
     }
     drop(policy);

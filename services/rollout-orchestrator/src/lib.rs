@@ -69,6 +69,10 @@ pub struct Config {
     #[arg(long, env = "SLEUTH_FAULT_PATIENCE", default_value = "2m", value_parser = humantime::parse_duration)]
     pub fault_patience: std::time::Duration,
 
+    /// The token that alone opens administration (see `sleuth_kit::auth`).
+    #[command(flatten)]
+    pub admin: sleuth_kit::AdminTokenArgs,
+
     #[command(flatten)]
     pub serve: ServeArgs,
 
@@ -305,7 +309,8 @@ pub async fn run(
     }
     let service = GrpcService::new(RolloutOrchestratorServer::new(Handlers { runner, evaluator }))
         .with_probe(database.probe())
-        .with_probe(redis.probe());
+        .with_probe(redis.probe())
+        .with_scope(&["CreateRun", "CancelRun"], config.admin.token()?, sleuth_kit::AdminTokenArgs::SETTING);
     sleuth_kit::serve(service, &config.serve, listener, shutdown).await?;
     Ok(())
 }

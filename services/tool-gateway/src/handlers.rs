@@ -1,11 +1,11 @@
 //! gRPC handlers: thin translations between the proto and the gateway's logic.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use sleuth_beir::{BadLines, BeirDir};
 use sleuth_proto::tools::v1 as pb;
 use sleuth_proto::tools::v1::tool_gateway_server::ToolGateway;
-use sleuth_store::{ObjectStore, S3Args};
+use sleuth_store::S3Args;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::codegen::BoxStream;
@@ -29,6 +29,8 @@ pub struct Handlers {
     pub collections: Collections,
     /// Where CreateCollection builds indexes and remote indexes are cached.
     pub index_root: PathBuf,
+    /// The directories local paths in requests must lie in (the index root among them).
+    pub collection_roots: sleuth_store::LocalRoots,
     pub s3: S3Args,
     /// Query embeddings for vector search; None when no embedding model is configured.
     pub embedder: Option<Embedder>,
@@ -198,7 +200,8 @@ impl ToolGateway for Handlers {
         };
         let bad_lines = if request.skip_bad_lines { BadLines::Skip } else { BadLines::Fail };
         let out = self.index_root.join(&request.name);
-        let source = storage::fetch_beir(&request.source_uri, &self.index_root, &self.s3).await?;
+        let source_uri = self.confined(&request.source_uri)?;
+        let source = storage::fetch_beir(&source_uri, &self.index_root, &self.s3).await?;
         let collections = self.collections.clone();
         let (sender, receiver) = mpsc::channel(16);
         let name = request.name.clone();
@@ -252,7 +255,8 @@ impl ToolGateway for Handlers {
     ) -> Result<Response<pb::Collection>, Status> {
         let request = request.into_inner();
         validate_name(&request.name)?;
-        let collection = storage::load(&request.name, &request.index_uri, &self.index_root, &self.s3).await?;
+        let index_uri = self.confined(&request.index_uri)?;
+        let collection = storage::load(&request.name, &index_uri, &self.index_root, &self.s3).await?;
         let collection = self.collections.insert(collection);
         Ok(Response::new(collection_to_proto(&collection)))
     }
@@ -263,7 +267,7 @@ impl ToolGateway for Handlers {
     ) -> Result<Response<pb::PublishCollectionResponse>, Status> {
         let request = request.into_inner();
         let collection = self.collections.get(&request.name)?;
-        let destination = ObjectStore::open(&request.destination_uri, &self.s3).map_err(Error::from)?;
+        let destination = self.collection_roots.open(&request.destination_uri, &self.s3).map_err(Error::from)?;
         let bytes = storage::publish(&collection.local_dir, &destination).await?;
         Ok(Response::new(pb::PublishCollectionResponse { uri: destination.uri(), bytes }))
     }
@@ -282,6 +286,22 @@ impl ToolGateway for Handlers {
     ) -> Result<Response<pb::DeleteCollectionResponse>, Status> {
         self.collections.remove(&request.into_inner().name)?;
         Ok(Response::new(pb::DeleteCollectionResponse {}))
+    }
+}
+
+impl Handlers {
+    /// `uri` as a request may use it: a local path resolved and confined to
+    /// the collection roots (refused outside them), an `s3://` one unchanged.
+    fn confined(&self, uri: &str) -> Result<String, Error> {
+        if uri.trim().is_empty() || uri.starts_with("s3://") {
+            return Ok(uri.to_owned());
+        }
+        let path = Path::new(uri.strip_prefix("file://").unwrap_or(uri));
+        let resolved = self.collection_roots.confine(uri, path)?;
+        resolved
+            .to_str()
+            .map(str::to_owned)
+            .ok_or_else(|| Error::InvalidArgument(format!("{uri:?} resolves to a path that is not UTF-8")))
     }
 }
 

@@ -48,6 +48,13 @@ pub struct Config {
     #[arg(long, env = "SLEUTH_INDEX_ROOT", default_value = "indexes")]
     pub index_root: PathBuf,
 
+    /// Directories besides the index root whose local paths CreateCollection,
+    /// LoadCollection and PublishCollection may name (comma separated); any
+    /// other local path in a request is refused. Startup collections are not
+    /// confined.
+    #[arg(long, env = "SLEUTH_COLLECTION_ROOTS", value_delimiter = ',')]
+    pub collection_roots: Vec<PathBuf>,
+
     /// Collections to serve from startup, as name=index-uri (a directory or
     /// s3://bucket/prefix), comma separated. The gateway reports NOT_SERVING
     /// until all are loaded.
@@ -79,6 +86,10 @@ pub struct Config {
 
     #[command(flatten)]
     pub s3: S3Args,
+
+    /// The token that alone opens administration (see `sleuth_kit::auth`).
+    #[command(flatten)]
+    pub admin: sleuth_kit::AdminTokenArgs,
 
     #[command(flatten)]
     pub serve: ServeArgs,
@@ -116,11 +127,19 @@ pub async fn run(
     let handlers = Handlers {
         collections,
         index_root: config.index_root.clone(),
+        collection_roots: sleuth_store::LocalRoots {
+            roots: std::iter::once(config.index_root.clone()).chain(config.collection_roots.iter().cloned()).collect(),
+            setting: "SLEUTH_COLLECTION_ROOTS (or SLEUTH_INDEX_ROOT)",
+        },
         s3: config.s3.clone(),
         embedder,
         hybrid_tool: config.hybrid_tool,
     };
-    let service = GrpcService::new(ToolGatewayServer::new(handlers)).with_probe(readiness);
+    let service = GrpcService::new(ToolGatewayServer::new(handlers)).with_probe(readiness).with_scope(
+        &["CreateCollection", "LoadCollection", "PublishCollection", "DeleteCollection"],
+        config.admin.token()?,
+        sleuth_kit::AdminTokenArgs::SETTING,
+    );
     sleuth_kit::serve(service, &config.serve, listener, shutdown).await?;
     Ok(())
 }

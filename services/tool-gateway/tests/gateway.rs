@@ -29,10 +29,20 @@ impl Drop for Gateway {
 }
 
 async fn start(collections: Vec<(String, String)>, s3: S3Args) -> Result<Gateway> {
+    start_with(collections, s3, |_| {}).await
+}
+
+/// [`start`] with the configuration adjusted by `adjust`.
+async fn start_with(
+    collections: Vec<(String, String)>,
+    s3: S3Args,
+    adjust: impl FnOnce(&mut tool_gateway::Config),
+) -> Result<Gateway> {
     let root = tempfile::tempdir()?;
-    let config = tool_gateway::Config {
+    let mut config = tool_gateway::Config {
         listen: "127.0.0.1:0".parse()?,
         index_root: root.path().join("indexes"),
+        collection_roots: Vec::new(),
         collections,
         embedding_model: None,
         device: "cpu".parse()?,
@@ -40,9 +50,11 @@ async fn start(collections: Vec<(String, String)>, s3: S3Args) -> Result<Gateway
         embed_max_wait: Duration::from_millis(2),
         hybrid_tool: true,
         s3,
+        admin: sleuth_kit::AdminTokenArgs::default(),
         serve: ServeArgs::default(),
         telemetry: TelemetryArgs::default(),
     };
+    adjust(&mut config);
     let listener = TcpListener::bind(config.listen).await?;
     let addr = listener.local_addr()?.to_string();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -63,7 +75,12 @@ async fn start(collections: Vec<(String, String)>, s3: S3Args) -> Result<Gateway
 }
 
 async fn client(gateway: &Gateway) -> Result<ToolGatewayClient<MeshChannel>> {
-    Ok(ToolGatewayClient::new(connect(&gateway.addr, None, Duration::from_secs(5)).await?))
+    client_with(gateway, None).await
+}
+
+async fn client_with(gateway: &Gateway, token: Option<&str>) -> Result<ToolGatewayClient<MeshChannel>> {
+    let token: Option<sleuth_kit::BearerToken> = token.map(str::parse).transpose()?;
+    Ok(ToolGatewayClient::new(connect(&gateway.addr, token.as_ref(), Duration::from_secs(5)).await?))
 }
 
 /// SciFact indexed for BM25 into a temporary directory (seconds).
@@ -306,8 +323,17 @@ async fn creates_publishes_to_s3_and_loads_a_collection() -> Result<()> {
     if let sleuth_store::ObjectStore::S3 { client, .. } = sleuth_store::ObjectStore::open("s3://indexes", &s3)? {
         client.create_bucket().bucket("indexes").send().await?;
     }
-    let gateway = start(Vec::new(), s3.clone()).await?;
-    let mut tools = client(&gateway).await?;
+    // Administration has its own token, and requests may name local paths
+    // only inside the index root and SLEUTH_COLLECTION_ROOTS.
+    let sources = source.path().to_owned();
+    let gateway = start_with(Vec::new(), s3.clone(), |config| {
+        config.collection_roots = vec![sources];
+        config.serve.auth_token = Some("mesh-secret".parse().expect("token"));
+        config.admin.admin_token = Some("admin-secret".parse().expect("token"));
+    })
+    .await?;
+    let mut tools = client_with(&gateway, Some("admin-secret")).await?;
+    let mut mesh = client_with(&gateway, Some("mesh-secret")).await?;
 
     let create = |skip_bad_lines| pb::CreateCollectionRequest {
         name: "weather".into(),
@@ -316,6 +342,27 @@ async fn creates_publishes_to_s3_and_loads_a_collection() -> Result<()> {
         vector: Some(pb::VectorOptions { disabled: true, ..Default::default() }),
         skip_bad_lines,
     };
+    let denied = mesh.create_collection(create(true)).await.unwrap_err();
+    assert_eq!(denied.code(), Code::PermissionDenied, "the mesh token does not open administration: {denied:?}");
+    assert!(denied.message().contains("SLEUTH_ADMIN_TOKEN"), "{}", denied.message());
+    let elsewhere = tempfile::tempdir()?;
+    std::fs::copy(source.path().join("corpus.jsonl"), elsewhere.path().join("corpus.jsonl"))?;
+    let outside = pb::CreateCollectionRequest { source_uri: elsewhere.path().display().to_string(), ..create(true) };
+    let escaping = pb::CreateCollectionRequest {
+        source_uri: format!("{}/../{}", source.path().display(), elsewhere.path().display()),
+        ..create(true)
+    };
+    for request in [outside, escaping] {
+        let refused = tools.create_collection(request).await.unwrap_err();
+        assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+        assert!(refused.message().contains("SLEUTH_COLLECTION_ROOTS"), "{}", refused.message());
+    }
+    let refused = tools
+        .load_collection(pb::LoadCollectionRequest { name: "etc".into(), index_uri: "/etc".into() })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+
     let mut failing = tools.create_collection(create(false)).await?.into_inner();
     let mut failure = None;
     while let Some(message) = failing.message().await.transpose() {
@@ -336,6 +383,16 @@ async fn creates_publishes_to_s3_and_loads_a_collection() -> Result<()> {
     assert!(last.done);
     assert_eq!((last.done_items, last.skipped_lines), (2, 1));
 
+    let refused = tools
+        .publish_collection(pb::PublishCollectionRequest {
+            name: "weather".into(),
+            destination_uri: elsewhere.path().join("published").display().to_string(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied, "no writing outside the roots: {refused:?}");
+    let found = mesh.search(pb::SearchRequest { collection: "weather".into(), query: "rain".into(), k: 5, method: 1 });
+    assert_eq!(found.await?.into_inner().hits.len(), 1, "the mesh token still opens searches");
     let published = tools
         .publish_collection(pb::PublishCollectionRequest {
             name: "weather".into(),
@@ -345,7 +402,7 @@ async fn creates_publishes_to_s3_and_loads_a_collection() -> Result<()> {
         .into_inner();
     assert!(published.bytes > 0);
     tools.delete_collection(pb::DeleteCollectionRequest { name: "weather".into() }).await?;
-    let gone = tools.list_tools(pb::ListToolsRequest { collection: "weather".into() }).await.unwrap_err();
+    let gone = mesh.list_tools(pb::ListToolsRequest { collection: "weather".into() }).await.unwrap_err();
     assert_eq!(gone.code(), Code::NotFound);
 
     // A second gateway loads the published index at startup, straight from S3.
