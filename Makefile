@@ -61,6 +61,7 @@ bench: test-fixtures
 	cargo bench -p tool-gateway --bench retrieval
 	cargo bench -p policy-server --bench generation
 	cargo bench -p inference-gateway --bench overhead
+	cargo bench -p inference-gateway --bench long_episodes
 	cargo bench -p learner --bench grpo_step
 	cargo build --release --workspace --bins
 	OMP_WAIT_POLICY=passive cargo bench -p sleuth-tests --bench rollout_throughput

@@ -1,5 +1,16 @@
 //! Episode traces in Redis: what the policy saw and produced, token for token.
+//!
+//! An episode is kept in three keys, so that a turn reads and writes only
+//! what it needs however long the episode has grown:
+//! - `sleuth:episode:<id>`, a hash: `revision` (saves so far), `head` (the
+//!   record without its segments), `reply` (how many of the last segments are
+//!   the last reply) and `writer` (who saved last);
+//! - `sleuth:episode:<id>:segments`, the trace's segments in order, appended;
+//! - `sleuth:episode:<id>:tokens`, every segment's token ids as one string of
+//!   little-endian u32s, appended: a policy turn reads its prompt as one blob,
+//!   a teacher's turn only its length.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
@@ -8,9 +19,11 @@ use sleuth_store::RedisStore;
 
 use crate::error::Error;
 
-/// The trace plus what the next turn needs to extend it.
+/// An episode's record without its segments: the trace's counters and what
+/// the next turn needs to extend it.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct EpisodeRecord {
+    /// The trace's episode id and counters; its segments are stored apart.
     #[prost(message, optional, tag = "1")]
     pub trace: Option<Trace>,
     /// Messages of the conversation the trace already covers, including the
@@ -18,10 +31,27 @@ pub struct EpisodeRecord {
     #[prost(uint32, tag = "2")]
     pub messages_seen: u32,
     /// [`HistoryDigest`] of the tools and messages the last turn was sent:
-    /// the next turn's history must hash to it (empty in records written
-    /// before digests, which are then not checked).
+    /// the next turn's history must hash to it.
     #[prost(bytes = "vec", tag = "3")]
     pub history_digest: Vec<u8>,
+    /// Assistant turns recorded so far (the next turn's number).
+    #[prost(uint32, tag = "4")]
+    pub turns: u32,
+}
+
+impl EpisodeRecord {
+    pub fn new(episode: &str) -> Self {
+        Self {
+            trace: Some(Trace { episode_id: episode.to_owned(), ..Trace::default() }),
+            messages_seen: 0,
+            history_digest: Vec::new(),
+            turns: 0,
+        }
+    }
+
+    pub fn trace_mut(&mut self) -> &mut Trace {
+        self.trace.get_or_insert_with(Trace::default)
+    }
 }
 
 /// SHA-256 over a conversation's tools and messages (each one's protobuf,
@@ -58,40 +88,49 @@ impl HistoryDigest {
     }
 }
 
-impl EpisodeRecord {
-    pub fn new(episode: &str) -> Self {
+/// An episode as one turn sees it: the record and revision it loaded, the
+/// last reply's segments, the tokens recorded so far (all of them, or only
+/// how many), and the segments the turn adds.
+#[derive(Debug, Clone)]
+pub struct Loaded {
+    pub record: EpisodeRecord,
+    /// Saves so far; 0 for an episode without a trace yet.
+    pub revision: u64,
+    /// The segments of the last reply (the policy's sampled tokens, or a teacher's).
+    reply: Vec<TraceSegment>,
+    /// Every token recorded so far, when the turn asked for them.
+    tokens: Option<Vec<u32>>,
+    /// How many tokens are recorded so far.
+    token_count: usize,
+    /// Segments this turn adds.
+    added: Vec<TraceSegment>,
+}
+
+impl Loaded {
+    fn fresh(episode: &str) -> Self {
         Self {
-            trace: Some(Trace { episode_id: episode.to_owned(), ..Trace::default() }),
-            messages_seen: 0,
-            history_digest: Vec::new(),
+            record: EpisodeRecord::new(episode),
+            revision: 0,
+            reply: Vec::new(),
+            tokens: Some(Vec::new()),
+            token_count: 0,
+            added: Vec::new(),
         }
-    }
-
-    pub fn trace(&self) -> &Trace {
-        self.trace.as_ref().expect("records always hold a trace")
-    }
-
-    pub fn trace_mut(&mut self) -> &mut Trace {
-        self.trace.get_or_insert_with(Trace::default)
-    }
-
-    /// Assistant turns recorded so far (the next turn's number).
-    pub fn turns(&self) -> u32 {
-        let policy = SegmentKind::Policy as i32;
-        self.trace().segments.iter().filter(|s| s.kind == policy).map(|s| s.turn + 1).max().unwrap_or(0)
     }
 
     /// The tokens the policy sampled (or a teacher wrote) in the last turn.
     pub fn last_reply(&self) -> Vec<u32> {
-        let policy = SegmentKind::Policy as i32;
-        let segments = &self.trace().segments;
-        let from = segments.iter().rposition(|s| s.kind != policy).map_or(0, |i| i + 1);
-        segments[from..].iter().flat_map(|s| s.token_ids.iter().copied()).collect()
+        self.reply.iter().flat_map(|s| s.token_ids.iter().copied()).collect()
     }
 
-    /// The token sequence so far: every segment, in order.
-    pub fn tokens(&self) -> Vec<u32> {
-        self.trace().segments.iter().flat_map(|s| s.token_ids.iter().copied()).collect()
+    /// Every token recorded before this turn (loaded with `with_tokens`).
+    pub fn recorded_tokens(&self) -> Result<&[u32], Error> {
+        self.tokens.as_deref().ok_or_else(|| Error::Internal("the turn loaded its trace without tokens".into()))
+    }
+
+    /// How many tokens were recorded before this turn.
+    pub fn recorded_len(&self) -> usize {
+        self.token_count
     }
 
     /// Appends a segment of tokens not sampled by the policy (mask 0).
@@ -99,7 +138,7 @@ impl EpisodeRecord {
         if tokens.is_empty() {
             return;
         }
-        self.trace_mut().segments.push(TraceSegment {
+        self.added.push(TraceSegment {
             turn,
             kind: kind as i32,
             token_ids: tokens.to_vec(),
@@ -109,15 +148,17 @@ impl EpisodeRecord {
         });
     }
 
-    /// Appends sampled tokens (mask 1), one segment per policy version.
+    /// Appends sampled tokens (mask 1), one segment per policy version; they
+    /// become the last reply.
     pub fn push_sampled(&mut self, turn: u32, tokens: &[u32], logprobs: &[f32], versions: &[u64]) {
         let mut start = 0;
+        let mut reply = Vec::new();
         while start < tokens.len() {
             let version = versions.get(start).copied().unwrap_or_default();
             let end = (start..tokens.len())
                 .find(|&i| versions.get(i).copied().unwrap_or_default() != version)
                 .unwrap_or(tokens.len());
-            self.trace_mut().segments.push(TraceSegment {
+            reply.push(TraceSegment {
                 turn,
                 kind: SegmentKind::Policy as i32,
                 token_ids: tokens[start..end].to_vec(),
@@ -127,26 +168,22 @@ impl EpisodeRecord {
             });
             start = end;
         }
+        if !reply.is_empty() {
+            self.record.turns = self.record.turns.max(turn + 1);
+        }
+        self.added.extend(reply.iter().cloned());
+        self.reply = reply;
     }
 }
 
-/// Records in Redis under `sleuth:episode:<id>`, a hash of the record and its
-/// revision (the number of saves). A save applies only to the revision its
-/// turn loaded, so of two concurrent turns one fails instead of one silently
-/// overwriting the other; every read and write restarts the `ttl`, which so
-/// runs from the episode's last activity.
+/// Episodes in Redis (see the module docs). A save applies only to the
+/// revision its turn loaded, so of two concurrent turns one fails instead of
+/// one silently overwriting the other; every read and write restarts the
+/// `ttl` of all three keys, which so runs from the episode's last activity.
 #[derive(Clone)]
 pub struct TraceStore {
     redis: RedisStore,
     ttl: Duration,
-}
-
-/// A record as loaded, with the revision its save must find.
-#[derive(Debug, Clone)]
-pub struct Loaded {
-    pub record: EpisodeRecord,
-    /// Saves so far; 0 for an episode without a trace yet.
-    pub revision: u64,
 }
 
 /// Attempts for a trace write before the episode is failed, and the first backoff.
@@ -156,86 +193,157 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(50);
 /// What [`SAVE`] answers when the trace expired while the turn ran.
 const GONE: i64 = -2;
 
-/// Reads the record and its revision, restarting the TTL of one that exists.
+/// Reads the head, revision, the last reply's segments and (when ARGV[2] is
+/// 1) the tokens of an episode, restarting the TTLs of one that exists.
 const LOAD: &str = r"
-local found = redis.call('HMGET', KEYS[1], 'revision', 'record')
-if found[2] then redis.call('EXPIRE', KEYS[1], ARGV[1]) end
-return found
+local found = redis.call('HMGET', KEYS[1], 'revision', 'head', 'reply')
+if not found[2] then return {false, false, {}, false, 0} end
+for i = 1, 3 do redis.call('EXPIRE', KEYS[i], ARGV[1]) end
+local n = tonumber(found[3] or '0')
+local reply = {}
+if n > 0 then reply = redis.call('LRANGE', KEYS[2], -n, -1) end
+local tokens = false
+if ARGV[2] == '1' then tokens = redis.call('GET', KEYS[3]) or '' end
+return {found[1], found[2], reply, tokens, redis.call('STRLEN', KEYS[3])}
 ";
 
-/// Writes the record if the revision is still ARGV[1]; returns the new
-/// revision, -1 when another save came first, or [`GONE`] when the trace
-/// expired since it was loaded.
+/// Saves over revision ARGV[1]: the head, the reply count, the writer, the
+/// new tokens (ARGV[6]) and segments (ARGV[7..]); returns the new revision,
+/// -1 when another save came first, or [`GONE`] when the trace expired since
+/// it was loaded.
 const SAVE: &str = r"
 local current = tonumber(redis.call('HGET', KEYS[1], 'revision') or '0')
 if current == 0 and tonumber(ARGV[1]) > 0 then return -2 end
 if current ~= tonumber(ARGV[1]) then return -1 end
-redis.call('HSET', KEYS[1], 'revision', current + 1, 'record', ARGV[2])
-redis.call('EXPIRE', KEYS[1], ARGV[3])
+if current == 0 then redis.call('DEL', KEYS[2], KEYS[3]) end
+redis.call('HSET', KEYS[1], 'revision', current + 1, 'head', ARGV[2], 'reply', ARGV[3], 'writer', ARGV[4])
+if #ARGV > 6 then redis.call('RPUSH', KEYS[2], unpack(ARGV, 7)) end
+if #ARGV[6] > 0 then redis.call('APPEND', KEYS[3], ARGV[6]) end
+for i = 1, 3 do redis.call('EXPIRE', KEYS[i], ARGV[5]) end
 return current + 1
 ";
+
+/// Reads a whole trace (head and every segment), restarting the TTLs.
+const READ: &str = r"
+local head = redis.call('HGET', KEYS[1], 'head')
+if not head then return {false, {}} end
+for i = 1, 3 do redis.call('EXPIRE', KEYS[i], ARGV[1]) end
+return {head, redis.call('LRANGE', KEYS[2], 0, -1)}
+";
+
+/// A name for each save no other save shares, so a retried save can tell
+/// its own earlier write from another turn's.
+fn writer_id() -> String {
+    static SAVES: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    format!("{}-{nanos}-{}", std::process::id(), SAVES.fetch_add(1, Ordering::Relaxed))
+}
+
+fn decode<T: prost::Message + Default>(episode: &str, what: &str, bytes: &[u8]) -> Result<T, Error> {
+    T::decode(bytes).map_err(|e| Error::Internal(format!("the {what} of episode {episode} is corrupt: {e}")))
+}
 
 impl TraceStore {
     pub fn new(redis: RedisStore, ttl: Duration) -> Self {
         Self { redis, ttl }
     }
 
-    fn key(episode: &str) -> String {
-        format!("sleuth:episode:{episode}")
+    /// The episode's hash, segment list and token string, in the order the scripts take them.
+    fn keys(episode: &str) -> [String; 3] {
+        let key = format!("sleuth:episode:{episode}");
+        [key.clone(), format!("{key}:segments"), format!("{key}:tokens")]
     }
 
     fn ttl_seconds(&self) -> u64 {
         self.ttl.as_secs().max(1)
     }
 
-    /// The episode's record and revision: revision 0 with a fresh record when
-    /// it has none (new or expired).
-    pub async fn load(&self, episode: &str) -> Result<Loaded, Error> {
+    /// The episode as a turn needs it (a fresh one at revision 0 when it has
+    /// no trace: new or expired), with every recorded token when `with_tokens`.
+    pub async fn load(&self, episode: &str, with_tokens: bool) -> Result<Loaded, Error> {
         let mut connection = self.redis.connection().await?;
-        let (revision, bytes): (Option<u64>, Option<Vec<u8>>) = redis::Script::new(LOAD)
-            .key(Self::key(episode))
+        let [hash, segments, tokens] = Self::keys(episode);
+        type Found = (Option<u64>, Option<Vec<u8>>, Vec<Vec<u8>>, Option<Vec<u8>>, u64);
+        let (revision, head, reply, token_bytes, token_bytes_len): Found = redis::Script::new(LOAD)
+            .key(hash)
+            .key(segments)
+            .key(tokens)
+            .arg(self.ttl_seconds())
+            .arg(u8::from(with_tokens))
+            .invoke_async(&mut connection)
+            .await
+            .map_err(|e| Error::Internal(format!("reading the trace of episode {episode}: {e}")))?;
+        let Some(head) = head else { return Ok(Loaded::fresh(episode)) };
+        let reply = reply.iter().map(|bytes| decode(episode, "last reply", bytes)).collect::<Result<_, _>>()?;
+        let tokens = token_bytes
+            .map(|bytes| bytes.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect());
+        Ok(Loaded {
+            record: decode(episode, "record", &head)?,
+            revision: revision.unwrap_or_default(),
+            reply,
+            tokens,
+            token_count: (token_bytes_len / 4) as usize,
+            added: Vec::new(),
+        })
+    }
+
+    /// The episode's whole trace, or None when it has none (new or expired).
+    pub async fn get(&self, episode: &str) -> Result<Option<Trace>, Error> {
+        let mut connection = self.redis.connection().await?;
+        let [hash, segments, tokens] = Self::keys(episode);
+        let (head, stored): (Option<Vec<u8>>, Vec<Vec<u8>>) = redis::Script::new(READ)
+            .key(hash)
+            .key(segments)
+            .key(tokens)
             .arg(self.ttl_seconds())
             .invoke_async(&mut connection)
             .await
             .map_err(|e| Error::Internal(format!("reading the trace of episode {episode}: {e}")))?;
-        let Some(bytes) = bytes else { return Ok(Loaded { record: EpisodeRecord::new(episode), revision: 0 }) };
-        let record = <EpisodeRecord as prost::Message>::decode(bytes.as_slice())
-            .map_err(|e| Error::Internal(format!("trace of episode {episode} is corrupt: {e}")))?;
-        Ok(Loaded { record, revision: revision.unwrap_or_default() })
+        let Some(head) = head else { return Ok(None) };
+        let mut trace = decode::<EpisodeRecord>(episode, "record", &head)?.trace.unwrap_or_default();
+        trace.segments = stored.iter().map(|bytes| decode(episode, "trace", bytes)).collect::<Result<_, _>>()?;
+        Ok(Some(trace))
     }
 
-    /// The episode's record, or None when it has none (new or expired).
-    pub async fn get(&self, episode: &str) -> Result<Option<EpisodeRecord>, Error> {
-        let loaded = self.load(episode).await?;
-        Ok((loaded.revision > 0).then_some(loaded.record))
-    }
-
-    /// Writes `loaded`'s record over the revision it was loaded at, retrying
-    /// transient failures with backoff. An error
-    /// means the turn's tokens would be lost, so the caller fails the turn:
+    /// Saves what `loaded`'s turn added over the revision it was loaded at,
+    /// retrying transient failures with backoff. An error means the turn's
+    /// tokens would be lost, so the caller fails the turn:
     /// [`Error::ConcurrentTurn`] when another save came first.
     pub async fn save(&self, episode: &str, loaded: &Loaded) -> Result<(), Error> {
-        let bytes = prost::Message::encode_to_vec(&loaded.record);
+        let head = prost::Message::encode_to_vec(&loaded.record);
+        let tokens: Vec<u8> =
+            loaded.added.iter().flat_map(|s| s.token_ids.iter().flat_map(|t| t.to_le_bytes())).collect();
+        let segments: Vec<Vec<u8>> = loaded.added.iter().map(prost::Message::encode_to_vec).collect();
+        let writer = writer_id();
+        let [hash, segment_key, token_key] = Self::keys(episode);
         let mut backoff = FIRST_BACKOFF;
         let mut last = String::new();
         for attempt in 1..=WRITE_ATTEMPTS {
             let result: Result<i64, String> = async {
                 let mut connection = self.redis.connection().await.map_err(|e| e.to_string())?;
-                redis::Script::new(SAVE)
-                    .key(Self::key(episode))
+                let script = redis::Script::new(SAVE);
+                let mut invocation = script.prepare_invoke();
+                invocation
+                    .key(&hash)
+                    .key(&segment_key)
+                    .key(&token_key)
                     .arg(loaded.revision)
-                    .arg(bytes.as_slice())
+                    .arg(head.as_slice())
+                    .arg(loaded.reply.len())
+                    .arg(&writer)
                     .arg(self.ttl_seconds())
-                    .invoke_async(&mut connection)
-                    .await
-                    .map_err(|e| e.to_string())
+                    .arg(tokens.as_slice());
+                for segment in &segments {
+                    invocation.arg(segment.as_slice());
+                }
+                invocation.invoke_async(&mut connection).await.map_err(|e| e.to_string())
             }
             .await;
             match result {
                 Ok(revision) if revision > 0 => return Ok(()),
-                // A retry after a lost reply finds its own write: the revision moved by one
-                // and the record is ours.
-                Ok(_) if attempt > 1 && self.is_ours(episode, loaded, &bytes).await => return Ok(()),
+                // A retry after a lost reply finds its own write: the revision
+                // moved by one and the writer is this save.
+                Ok(_) if attempt > 1 && self.is_ours(&hash, loaded.revision, &writer).await => return Ok(()),
                 Ok(GONE) => return Err(Error::TraceGone { episode: episode.to_owned() }),
                 Ok(_) => return Err(Error::ConcurrentTurn { episode: episode.to_owned() }),
                 Err(message) => {
@@ -251,11 +359,11 @@ impl TraceStore {
         Err(Error::TraceLost { episode: episode.to_owned(), attempts: WRITE_ATTEMPTS, message: last })
     }
 
-    /// Whether the stored record is `bytes` at the revision after `loaded`'s.
-    async fn is_ours(&self, episode: &str, loaded: &Loaded, bytes: &[u8]) -> bool {
-        match self.load(episode).await {
-            Ok(now) => now.revision == loaded.revision + 1 && prost::Message::encode_to_vec(&now.record) == bytes,
-            Err(_) => false,
-        }
+    /// Whether the episode's hash is at the revision after `revision`, saved by `writer`.
+    async fn is_ours(&self, hash: &str, revision: u64, writer: &str) -> bool {
+        let Ok(mut connection) = self.redis.connection().await else { return false };
+        let found: Result<(Option<u64>, Option<String>), _> =
+            redis::cmd("HMGET").arg(hash).arg("revision").arg("writer").query_async(&mut connection).await;
+        matches!(found, Ok((Some(now), Some(saved))) if now == revision + 1 && saved == writer)
     }
 }

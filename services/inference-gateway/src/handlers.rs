@@ -95,12 +95,12 @@ impl InferenceGateway for Handlers {
 
     async fn get_trace(&self, request: Request<pb::GetTraceRequest>) -> Result<Response<Trace>, Status> {
         let episode = request.into_inner().episode_id;
-        let record = self
+        let trace = self
             .traces
             .get(&episode)
             .await?
             .ok_or_else(|| Error::NotFound(format!("no trace for episode {episode:?}")))?;
-        Ok(Response::new(record.trace().clone()))
+        Ok(Response::new(trace))
     }
 
     async fn finish_episode(&self, request: Request<pb::FinishEpisodeRequest>) -> Result<Response<Trace>, Status> {
@@ -139,8 +139,10 @@ impl Handlers {
         }
         let tools = request.tools.iter().map(tool_json).collect::<Result<Vec<_>, _>>()?;
 
-        let mut loaded = self.traces.load(&episode).await?;
-        let turn = loaded.record.turns();
+        // A teacher's turn sends no prompt to a policy: it reads only how many tokens there are.
+        let teacher = !request.teacher_reply.is_empty();
+        let mut loaded = self.traces.load(&episode, !teacher).await?;
+        let turn = loaded.record.turns;
         match request.turns_before {
             Some(turns_before) if turns_before > 0 && loaded.revision == 0 => return Err(Error::TraceGone { episode }),
             Some(turns_before) if turns_before != turn => {
@@ -164,12 +166,11 @@ impl Handlers {
         digest.extend(&request.messages[history.len()..]);
         let system = request.messages.first().filter(|m| m.role == "system").map(message_json);
         let reply = reply.first().map(message_json);
-        let sampled = loaded.record.last_reply();
+        let sampled = loaded.last_reply();
         let last = reply.as_ref().map(|message| LastReply { message, sampled: &sampled });
         let new: Vec<Json> = request.messages[seen..].iter().map(message_json).collect();
         let mut next = self.renderer.next_prompt(system.as_ref(), last, &new, &tools)?;
         next.drift |= history_drift;
-        let recorded = loaded.record.tokens();
         if next.drift {
             loaded.record.trace_mut().drift_events += 1;
             METRICS.drift_events.inc();
@@ -182,7 +183,12 @@ impl Handlers {
                 });
             }
         }
-        let prompt: Vec<u32> = recorded.iter().chain(&next.new_tokens).copied().collect();
+        let prompt: Vec<u32> = if teacher {
+            Vec::new()
+        } else {
+            loaded.recorded_tokens()?.iter().chain(&next.new_tokens).copied().collect()
+        };
+        let prompt_tokens = loaded.recorded_len() + next.new_tokens.len();
 
         let mut sampling = request.sampling.clone().unwrap_or_default();
         let stop = sampling.stop.clone();
@@ -196,13 +202,13 @@ impl Handlers {
         let generate = GenerateRequest {
             request_id: String::new(),
             session_id: episode.clone(),
-            prompt_token_ids: prompt.clone(),
+            prompt_token_ids: prompt,
             sampling: Some(sampling),
             return_model_logprobs: false,
             min_policy_version,
         };
         let policy_started = std::time::Instant::now();
-        let (replica, generated) = if request.teacher_reply.is_empty() {
+        let (replica, generated) = if !teacher {
             self.policy.generate(&episode, generate).await?
         } else {
             let written = self.renderer.reply_tokens(system.as_ref(), &tools, &request.teacher_reply)?;
@@ -214,8 +220,8 @@ impl Handlers {
         let observed = request.messages[seen..].iter().any(|m| m.role == "tool");
         let kind = if observed { SegmentKind::Observation } else { SegmentKind::Prompt };
         let version = generated.policy_versions.first().copied().unwrap_or_default();
-        loaded.record.push_context(turn, kind, &next.new_tokens, version);
-        loaded.record.push_sampled(turn, &generated.token_ids, &generated.logprobs, &generated.policy_versions);
+        loaded.push_context(turn, kind, &next.new_tokens, version);
+        loaded.push_sampled(turn, &generated.token_ids, &generated.logprobs, &generated.policy_versions);
         // The policy server ends at the token completing a stop string; the
         // reply's text ends before the string (OpenAI's `stop`). The trace keeps
         // every token the policy generated.
@@ -256,7 +262,7 @@ impl Handlers {
             }),
             finish_reason: finish_reason.to_owned(),
             usage: Some(pb::Usage {
-                prompt_tokens: prompt.len() as u32,
+                prompt_tokens: prompt_tokens as u32,
                 completion_tokens: generated.token_ids.len() as u32,
                 cached_prompt_tokens: generated.cached_prompt_tokens,
             }),
