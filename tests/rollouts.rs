@@ -395,7 +395,7 @@ async fn the_bm25_baseline_evaluation_reproduces_the_tool_gateway_figure() -> Re
         limit: 0,
     };
     let bad = rollout::EvaluateRequest {
-        policy: Some(rollout::PolicySpec { model_uri: "baseline:bm42".into() }),
+        policy: Some(rollout::PolicySpec { model_uri: "baseline:bm42".into(), ..Default::default() }),
         tasks: Some(tasks.clone()),
         ..Default::default()
     };
@@ -403,7 +403,7 @@ async fn the_bm25_baseline_evaluation_reproduces_the_tool_gateway_figure() -> Re
     assert!(status.message().contains("baseline:bm42"), "{status:?}");
 
     let request = rollout::EvaluateRequest {
-        policy: Some(rollout::PolicySpec { model_uri: "baseline:bm25".into() }),
+        policy: Some(rollout::PolicySpec { model_uri: "baseline:bm25".into(), ..Default::default() }),
         tasks: Some(tasks),
         samples_per_task: 1,
         ..Default::default()

@@ -219,5 +219,60 @@ async fn an_sft_run_imitates_the_teachers_best_episodes_from_one_spec() -> Resul
         loss(0),
         loss(steps.len() - 1)
     );
+
+    // GRPO after SFT, named by the SFT run alone: its learner finds the SFT
+    // run's best validated version that has a checkpoint in the shared store
+    // (every run has its own folder there) and publishes it as its first version.
+    let mut grpo = rollout::RunSpec {
+        name: "grpo-after-sft".into(),
+        train: Some(rollout::TaskSet {
+            limit: 2,
+            ..finished.spec.as_ref().and_then(|s| s.train.clone()).context("the SFT run's train tasks")?
+        }),
+        agent: Some(AgentConfig {
+            budget: Some(sleuth_proto::common::v1::AgentBudget {
+                max_turns: 2,
+                max_new_tokens_per_turn: 16,
+                max_episode_tokens: 4096,
+                observation_char_cap: 500,
+            }),
+            sampling: Some(sleuth_proto::common::v1::SamplingParams { seed: Some(5), ..Default::default() }),
+            ..Default::default()
+        }),
+        group_size: 2,
+        global_batch_size: 2,
+        max_epochs: 1,
+        rollout_max_concurrency: 4,
+        max_staleness: 1,
+        policy: Some(rollout::PolicySpec { from_run: "no-such-run".into(), ..Default::default() }),
+        training: Some(rollout::TrainingSpec { learning_rate: 1e-3, checkpoint_every: 1, ..Default::default() }),
+        ..Default::default()
+    };
+    let create =
+        |spec: &rollout::RunSpec| rollout::CreateRunRequest { spec: Some(spec.clone()), run_id: "grpo".into() };
+    let refused = client.create_run(create(&grpo)).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::FailedPrecondition, "{refused:?}");
+    assert!(refused.message().contains("spec.policy.from_run \"no-such-run\""), "{}", refused.message());
+    grpo.policy = Some(rollout::PolicySpec { from_run: RUN.into(), ..Default::default() });
+    client.create_run(create(&grpo)).await?;
+    let mut grpo_learner = mesh.learner("grpo", scratch.path(), &orchestrator)?;
+    let ended = wait_for(&mut client, "grpo", std::time::Duration::from_secs(300), |run| {
+        run.status != rollout::RunStatus::Running as i32
+    })
+    .await?;
+    assert_eq!(ended.status, rollout::RunStatus::Succeeded as i32, "{}", ended.status_detail);
+    let (exit, _) = grpo_learner.wait(std::time::Duration::from_secs(120))?;
+    assert!(exit.success(), "learner exited with {exit}; log:\n{}", grpo_learner.log());
+    let sft_checkpoints = scratch.path().join("checkpoints").join(RUN);
+    let expected = sleuth_metrics::validation::ranked_versions(&finished.validations)
+        .into_iter()
+        .map(|version| sft_checkpoints.join(learner::checkpoint::step_dir(version)))
+        .find(|dir| dir.join("COMPLETE").is_file())
+        .context("a validated SFT version with a checkpoint")?
+        .join("hf");
+    let grpo_steps = learner::records::steps(&database, "grpo").await?;
+    let start = grpo_steps.iter().find(|(_, m)| m["republished"] == "start model").context("a start-model step")?;
+    assert_eq!(start.1["model_uri"], expected.display().to_string(), "{grpo_steps:?}");
+    eprintln!("grpo from run {RUN}: started from {} as version {}", expected.display(), start.0);
     Ok(())
 }

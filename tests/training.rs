@@ -102,13 +102,13 @@ async fn a_training_run_closes_the_loop_through_faults() -> Result<()> {
     spec.agent.as_mut().context("agent")?.sampling =
         Some(SamplingParams { temperature: Some(1.0), seed: Some(11), ..Default::default() });
     spec.training = Some(rollout::TrainingSpec { learning_rate: 1e-3, checkpoint_every: 1, ..Default::default() });
-    spec.policy = Some(rollout::PolicySpec { model_uri: mixed.display().to_string() });
+    spec.policy = Some(rollout::PolicySpec { model_uri: mixed.display().to_string(), ..Default::default() });
     let stream = StreamRecorder::start(&mesh.redis_url, RUN);
     client.create_run(rollout::CreateRunRequest { spec: Some(spec), run_id: RUN.into() }).await?;
     let mut learner = mesh.learner(RUN, scratch.path(), &orchestrator)?;
     let watch = Watch {
         redis: sleuth_store::RedisStore::open(&mesh.redis_url)?,
-        checkpoints: scratch.path().join("checkpoints"),
+        checkpoints: scratch.path().join("checkpoints").join(RUN),
     };
     let long = Duration::from_secs(240);
 

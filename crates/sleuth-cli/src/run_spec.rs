@@ -3,9 +3,8 @@
 //! misspelled field is an error naming it, never silently ignored. `split`
 //! is required (there is no default split to train on by accident). The
 //! learner takes `global_batch_size`, `max_staleness`, `training` and the
-//! start model (`policy.model_uri`, e.g. an SFT export) from the spec;
-//! `validation` and `training.eval_every` parse, but the orchestrator refuses
-//! them until something acts on them.
+//! start model (`policy.model_uri`, e.g. an SFT export, or `policy.from_run`,
+//! another run whose best checkpoint by validation it starts from) from the spec.
 //!
 //! ```yaml
 //! name: scifact-grpo
@@ -63,7 +62,12 @@ fn one() -> u32 {
 struct Policy {
     /// The model the run starts from: an HF directory (absolute path) or
     /// s3:// prefix with the served model's architecture and tokenizer.
+    #[serde(default)]
     model_uri: String,
+    /// Or the run whose policy it starts from (its best checkpoint by
+    /// validation), e.g. an SFT run before GRPO.
+    #[serde(default)]
+    from_run: String,
 }
 
 #[derive(Debug, Deserialize)]
@@ -176,7 +180,7 @@ pub fn parse(text: &str) -> Result<pb::RunSpec, String> {
     });
     Ok(pb::RunSpec {
         name: spec.name,
-        policy: spec.policy.map(|p| pb::PolicySpec { model_uri: p.model_uri }),
+        policy: spec.policy.map(|p| pb::PolicySpec { model_uri: p.model_uri, from_run: p.from_run }),
         train: Some(spec.train.into_proto()),
         validation: spec.validation.map(TaskSet::into_proto),
         agent,

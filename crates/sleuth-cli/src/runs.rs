@@ -247,7 +247,7 @@ pub async fn eval(args: EvalArgs) -> anyhow::Result<i32> {
     let mut client = client(&args.endpoint).await?;
     let model_uri = if args.contender == "policy" { String::new() } else { format!("baseline:{}", args.contender) };
     let request = pb::EvaluateRequest {
-        policy: Some(pb::PolicySpec { model_uri }),
+        policy: Some(pb::PolicySpec { model_uri, ..Default::default() }),
         tasks: Some(pb::TaskSet {
             source_uri: args.source,
             collection: args.collection,

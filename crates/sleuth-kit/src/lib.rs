@@ -13,6 +13,7 @@ pub mod error;
 pub mod fault;
 pub mod health;
 pub mod metrics;
+pub mod names;
 pub mod seed;
 pub mod serve;
 pub mod shutdown;

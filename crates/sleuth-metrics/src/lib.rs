@@ -24,6 +24,7 @@ pub mod advantage;
 pub mod policy_loss;
 pub mod reward;
 pub mod run;
+pub mod validation;
 
 use std::collections::{BTreeMap, HashSet};
 

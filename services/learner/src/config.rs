@@ -135,6 +135,11 @@ pub struct Config {
     #[arg(skip)]
     pub start_model_uri: Option<String>,
 
+    /// The spec's `policy.from_run`: the run whose policy this one starts
+    /// from (resolved into `start_model_uri`, see [`crate::lineage`]).
+    #[arg(skip)]
+    pub start_from_run: Option<String>,
+
     /// Stop after this many steps; 0 = train until shut down.
     #[arg(long, env = "SLEUTH_MAX_STEPS", default_value_t = 0)]
     pub max_steps: u64,

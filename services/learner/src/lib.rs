@@ -17,6 +17,7 @@ pub mod config;
 pub mod imprint;
 pub mod intake;
 pub mod learn;
+pub mod lineage;
 pub mod loss;
 pub mod publish;
 pub mod records;
@@ -225,9 +226,7 @@ pub async fn run(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
-    if config.run_id.trim().is_empty() {
-        return Err(Error::InvalidArgument("run_id must not be empty".into()));
-    }
+    sleuth_kit::names::check_name("run_id", &config.run_id)?;
     let mut shutdown = std::pin::pin!(shutdown);
     if let Some(orchestrator) = config.orchestrator.clone() {
         let token = config.serve.bearer_token()?;
@@ -236,6 +235,11 @@ pub async fn run(
             () = &mut shutdown => return Ok(()), // stopped while waiting for its run
         };
         run_spec::apply(&mut config, &spec)?;
+        if let Some(source) = config.start_from_run.clone() {
+            let source = run_spec::fetch_run(&orchestrator, token.as_ref(), &source).await?;
+            let store = lineage::run_store(&config.checkpoint_uri, &source.run_id, &config.s3).await?;
+            config.start_model_uri = Some(lineage::source_export(&source, &store).await?);
+        }
     }
     // The spec's start model, fetched when it is in S3; the copy lives as long as the learner.
     let _start_model = match config.start_model_uri.clone() {
@@ -252,7 +256,7 @@ pub async fn run(
     torch_thread::run(move || sleuth_torch::set_intra_op_threads(threads)).await?;
     let redis = RedisStore::open(&config.redis.redis_url)?;
     let database = Database::open(&config.database.database_url)?;
-    let checkpoints = ObjectStore::open(&config.checkpoint_uri, &config.s3)?;
+    let checkpoints = lineage::run_store(&config.checkpoint_uri, &config.run_id, &config.s3).await?;
     let device = config.model.device.resolve()?;
     let token = config.serve.bearer_token()?;
     let rendezvous = Rendezvous::from_env()?

@@ -231,16 +231,18 @@ pub(crate) async fn republish(
         announced.max(sources.publisher.newest_served().await)
     };
     let checkpoint = meta.step;
-    let why = if newest > checkpoint {
+    // A fresh run with a start model publishes it whatever the servers hold
+    // (they may serve another run's versions: the new one is numbered above them).
+    let why = if let (0, Some(uri)) = (checkpoint, &plan.start_model_uri) {
+        tracing::info!(uri, "publishing the run's start model as its first version");
+        serde_json::json!({ "republished": "start model", "model_uri": uri })
+    } else if newest > checkpoint {
         tracing::warn!(
             checkpoint,
             lost = ?(checkpoint + 1..=newest),
             "versions published after the checkpoint were lost; publishing the checkpoint's weights as a new version"
         );
         serde_json::json!({ "republished": "lost versions", "rolled_back_to": checkpoint, "lost_versions": [checkpoint + 1, newest] })
-    } else if let (0, Some(uri)) = (checkpoint, &plan.start_model_uri) {
-        tracing::info!(uri, "publishing the run's start model as its first version");
-        serde_json::json!({ "republished": "start model", "model_uri": uri })
     } else {
         return Ok(trainer);
     };

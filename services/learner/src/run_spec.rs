@@ -5,7 +5,8 @@
 //! configuration then keeps only infrastructure (addresses, rank, storage,
 //! device), so the orchestrator's staleness window and the learner's steps
 //! are sized by the same numbers. The spec's `policy.model_uri`, when set,
-//! is the model the learner starts from (see `publish::republish`). Setting one of those flags as well is an
+//! is the model the learner starts from (see `publish::republish`); its
+//! `policy.from_run` names a run whose policy it starts from (see [`crate::lineage`]). Setting one of those flags as well is an
 //! error (clap's `conflicts_with`), never a silent override.
 
 use std::time::{Duration, Instant};
@@ -24,15 +25,23 @@ const REPORT: Duration = Duration::from_secs(30);
 /// while the orchestrator is unreachable or the run not created yet: on
 /// Kubernetes the learner pod usually starts before `sleuth run create`.
 pub async fn fetch(address: &str, token: Option<&sleuth_kit::BearerToken>, run_id: &str) -> Result<RunSpec, Error> {
+    fetch_run(address, token, run_id)
+        .await?
+        .spec
+        .ok_or_else(|| Error::InvalidArgument(format!("run {run_id:?} on orchestrator {address} has no spec")))
+}
+
+/// The run `run_id` as the orchestrator at `address` records it, waiting as [`fetch`] does.
+pub async fn fetch_run(
+    address: &str,
+    token: Option<&sleuth_kit::BearerToken>,
+    run_id: &str,
+) -> Result<sleuth_proto::rollout::v1::Run, Error> {
     let mut client = RolloutOrchestratorClient::new(sleuth_kit::client::connect_lazy(address, token)?);
     let mut reported: Option<Instant> = None;
     loop {
         let status = match client.get_run(GetRunRequest { run_id: run_id.to_owned() }).await {
-            Ok(run) => {
-                return run.into_inner().spec.ok_or_else(|| {
-                    Error::InvalidArgument(format!("run {run_id:?} on orchestrator {address} has no spec"))
-                });
-            }
+            Ok(run) => return Ok(run.into_inner()),
             Err(status) if matches!(status.code(), Code::Unauthenticated | Code::PermissionDenied) => {
                 return Err(Error::InvalidArgument(format!(
                     "orchestrator {address} refused GetRun: {} (check SLEUTH_AUTH_TOKEN)",
@@ -123,6 +132,7 @@ pub fn apply(config: &mut Config, spec: &RunSpec) -> Result<(), Error> {
         return Err(invalid("spec.global_batch_size must be at least 1, got 0".into()));
     }
     config.start_model_uri = spec.policy.as_ref().map(|p| p.model_uri.trim().to_owned()).filter(|u| !u.is_empty());
+    config.start_from_run = spec.policy.as_ref().map(|p| p.from_run.trim().to_owned()).filter(|r| !r.is_empty());
     // A teacher writes the run's episodes: the learner imitates them.
     if spec.agent.as_ref().is_some_and(|a| !a.teacher.trim().is_empty()) {
         config.mode = crate::config::Mode::Sft;
@@ -137,6 +147,7 @@ pub fn apply(config: &mut Config, spec: &RunSpec) -> Result<(), Error> {
         kl_coef = config.kl_coef,
         checkpoint_every = config.checkpoint_every,
         start_model = config.start_model_uri.as_deref().unwrap_or("SLEUTH_MODEL"),
+        from_run = config.start_from_run.as_deref().unwrap_or(""),
         mode = ?config.mode,
         sft_min_reward = config.sft_min_reward,
         "training settings from the run's spec"

@@ -99,7 +99,10 @@ fn learner_until(env: &Env, run: &str, checkpoints: &Path, max_steps: u64) -> Re
     Ok(learner_command(env, run, checkpoints, max_steps)?.spawn()?)
 }
 
+/// A learner process for `run`, whose checkpoints go to the folder
+/// `checkpoints` (named after the run: its parent is the checkpoint store).
 fn learner_command(env: &Env, run: &str, checkpoints: &Path, max_steps: u64) -> Result<Command> {
+    anyhow::ensure!(checkpoints.ends_with(run), "{} is not the folder of run {run}", checkpoints.display());
     let port = sleuth_testkit::free_port()?;
     let mut command = Command::new(env!("CARGO_BIN_EXE_learner"));
     command
@@ -108,7 +111,7 @@ fn learner_command(env: &Env, run: &str, checkpoints: &Path, max_steps: u64) -> 
         .arg("--model")
         .arg(&env.model)
         .arg("--checkpoint-uri")
-        .arg(checkpoints)
+        .arg(checkpoints.parent().context("a checkpoint store")?)
         .args(["--global-batch-size", "2", "--checkpoint-every", "2", "--max-steps", &max_steps.to_string()])
         .args(["--learning-rate", "0.01", "--max-staleness", "100", "--micro-batch", "2", "--torch-threads", "1"])
         .env("SLEUTH_LOG", "warn");
@@ -223,7 +226,7 @@ async fn a_damaged_checkpoint_falls_back_to_the_one_before_and_old_ones_are_prun
     for entry in entries() {
         publish(&redis, "damaged", &entry).await?;
     }
-    let dir = scratch.path().join("checkpoints");
+    let dir = scratch.path().join("damaged");
     let keeping_two = || -> Result<Child> {
         Ok(learner_command(&env, "damaged", &dir, STEPS)?.env("SLEUTH_KEEP_CHECKPOINTS", "2").spawn()?)
     };
@@ -405,7 +408,7 @@ async fn published_weights_change_the_policy_server() -> Result<()> {
     assert_eq!(after.policy_versions.first(), Some(&1));
     assert_ne!(after.model_logprobs, before.model_logprobs, "new weights, new distribution");
     assert_eq!(sleuth_store::trajectories::learner_version(&redis, "publish").await?, 1);
-    assert!(checkpoints.join("step-00000001/hf/config.json").is_file());
+    assert!(checkpoints.join("publish/step-00000001/hf/config.json").is_file());
     Ok(())
 }
 
@@ -438,7 +441,7 @@ async fn checkpoints_go_to_s3_and_the_policy_server_loads_them_from_there() -> R
         publish(&redis, "s3-run", &group(i, false).encode_to_vec()).await?;
     }
     let database = format!("sqlite://{}", scratch.path().join("runs.db").display());
-    train_one_step("s3-run", &model, &redis_url, &database, "s3://runs/s3-run", &["--s3-endpoint", &endpoint]).await?;
+    train_one_step("s3-run", &model, &redis_url, &database, "s3://runs", &["--s3-endpoint", &endpoint]).await?;
     let store = sleuth_store::ObjectStore::open("s3://runs/s3-run", &s3)?;
     let keys = store.list("").await?;
     for key in [

@@ -142,6 +142,20 @@ impl RolloutOrchestrator for Handlers {
         } else {
             request.run_id
         };
+        sleuth_kit::names::check_name("run_id", &run_id).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        if let Some(source) = spec.policy.as_ref().map(|p| p.from_run.as_str()).filter(|s| !s.is_empty()) {
+            let refused = |why: &str| Status::failed_precondition(format!("spec.policy.from_run {source:?}: {why}"));
+            match self.runner.state.run(source).await.map_err(internal)? {
+                _ if source == run_id => {
+                    return Err(Status::invalid_argument("spec.policy.from_run names the run itself"));
+                }
+                None => return Err(refused("no such run")),
+                Some(run) if matches!(run.status(), pb::RunStatus::Pending | pb::RunStatus::Running) => {
+                    return Err(refused("the run is still training; start from it once it has ended"));
+                }
+                Some(_) => {}
+            }
+        }
         if self.runner.state.create(&run_id, &spec).await.map_err(internal)? {
             tracing::info!(run = %run_id, "run created");
             self.runner.start(run_id.clone(), spec);

@@ -166,10 +166,11 @@ impl Runner {
             p.groups_total = (tasks.len() * epochs) as u64;
             p.groups_published = known.len() as u64;
         });
-        // A run with a start model of its own samples nothing before the
-        // learner has published it (version 1): version 0 is whatever model
-        // the policy servers started with.
-        let first_version = u64::from(spec.policy.as_ref().is_some_and(|p| !p.model_uri.is_empty()));
+        // A run with a start model of its own (a model, or another run's
+        // policy) samples nothing before the learner has published it
+        // (version 1): version 0 is whatever model the policy servers started with.
+        let first_version =
+            u64::from(spec.policy.as_ref().is_some_and(|p| !p.model_uri.is_empty() || !p.from_run.is_empty()));
         let validator = crate::validate::Validator::new(
             run_id,
             spec,

@@ -83,6 +83,12 @@ pub fn validate(spec: &pb::RunSpec) -> Result<(), String> {
             "spec.training.sft_min_reward applies to trajectory SFT: set spec.agent.teacher or remove it".into()
         );
     }
+    if let Some(policy) = spec.policy.as_ref().filter(|p| !p.from_run.is_empty()) {
+        if !policy.model_uri.is_empty() {
+            return Err("spec.policy sets both model_uri and from_run; a run starts from one of them".into());
+        }
+        sleuth_kit::names::check_name("spec.policy.from_run", &policy.from_run).map_err(|e| e.to_string())?;
+    }
     if let Some(policy) = spec.policy.as_ref().filter(|p| !p.model_uri.is_empty()) {
         validate_model_uri(&policy.model_uri)?;
     }
@@ -202,7 +208,7 @@ mod tests {
                 global_batch_size,
                 rollout_max_concurrency,
                 agent: Some(sleuth_proto::agent::v1::AgentConfig { teacher, ..Default::default() }),
-                policy: Some(pb::PolicySpec { model_uri }),
+                policy: Some(pb::PolicySpec { model_uri, ..Default::default() }),
                 train: Some(task_set.clone()),
                 validation: (eval_every == 1).then_some(task_set),
                 training: Some(pb::TrainingSpec {

@@ -26,14 +26,7 @@ const POLL: Duration = Duration::from_millis(500);
 
 /// The validated version with the highest nDCG@10 (the earliest of equals).
 pub fn best(validations: &[Validation]) -> Option<u64> {
-    let ndcg = |v: &Validation| v.metrics.get("ndcg@10").copied().unwrap_or(f64::MIN);
-    validations
-        .iter()
-        .fold(None, |best: Option<&Validation>, v| match best {
-            Some(b) if ndcg(b) >= ndcg(v) => Some(b),
-            _ => Some(v),
-        })
-        .map(|v| v.version)
+    sleuth_metrics::validation::ranked_versions(validations).first().copied()
 }
 
 /// Validates one run's policy as it trains.
