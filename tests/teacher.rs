@@ -179,15 +179,18 @@ async fn an_sft_run_imitates_the_teachers_best_episodes_from_one_spec() -> Resul
     // teacher's episodes (version 0) beside the validations.
     let trained: u64 = finished.training.iter().map(|t| t.episodes).sum();
     assert_eq!(trained, finished.progress.as_ref().map_or(0, |p| p.episodes_finished));
-    let csv = scratch.path().join("curve.csv");
+    let (csv, png) = (scratch.path().join("curve.csv"), scratch.path().join("curve.png"));
     let report = std::process::Command::new(sleuth_tests::binary("sleuth")?)
         .args(["run", "report", RUN, "--orchestrator", &orchestrator.addr, "--csv"])
         .arg(&csv)
+        .arg("--png")
+        .arg(&png)
         .output()?;
     let table = String::from_utf8_lossy(&report.stdout);
     assert!(report.status.success(), "{table}{}", String::from_utf8_lossy(&report.stderr));
     assert!(table.contains("best version by validation nDCG@10"), "{table}");
     assert_eq!(std::fs::read_to_string(&csv)?.lines().count(), 1 + versions.len(), "{table}");
+    assert!(std::fs::read(&png)?.starts_with(b"\x89PNG"), "the chart is written: {table}");
     eprintln!("{table}");
 
     tokio::time::sleep(std::time::Duration::from_millis(100)).await;

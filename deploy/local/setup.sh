@@ -25,6 +25,8 @@ command -v runuser >/dev/null || missing+=(util-linux)
 command -v c++ >/dev/null || missing+=(g++)
 command -v python3 >/dev/null || missing+=(python3)
 python3 -c 'import venv, ensurepip' 2>/dev/null || missing+=(python3-venv)
+# The text of `sleuth run report`'s PNG chart.
+[ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || missing+=(fonts-dejavu-core)
 if [ ${#missing[@]} -gt 0 ]; then
   say "installing Debian packages: ${missing[*]}"
   as_root apt-get update -qq

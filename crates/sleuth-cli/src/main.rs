@@ -1,6 +1,7 @@
 //! `sleuth`: the command-line client of every Sleuth gRPC API.
 
 mod ask;
+mod chart;
 mod data;
 mod health;
 mod model;

@@ -52,6 +52,10 @@ pub enum RunCommand {
         /// Also write the rows as CSV here (for plotting).
         #[arg(long)]
         csv: Option<PathBuf>,
+        /// Where the PNG chart goes (training reward, validation nDCG@10 and
+        /// failure rates against the version); default `<run>.png`.
+        #[arg(long)]
+        png: Option<PathBuf>,
     },
     /// Follow a run's progress until it ends.
     Watch { run_id: String },
@@ -207,7 +211,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<i32> {
             print_run(&client.get_run(pb::GetRunRequest { run_id }).await.map_err(rpc)?.into_inner());
             Ok(0)
         }
-        RunCommand::Report { run_id, csv } => {
+        RunCommand::Report { run_id, csv, png } => {
+            let png = png.unwrap_or_else(|| PathBuf::from(format!("{run_id}.png")));
             let run = client.get_run(pb::GetRunRequest { run_id }).await.map_err(rpc)?.into_inner();
             print_run(&run);
             print!("{}", crate::report::table(&run));
@@ -216,6 +221,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<i32> {
                     .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
                 println!("rows written to {}", path.display());
             }
+            crate::chart::write_png(&run, &png)?;
+            println!("chart written to {}", png.display());
             Ok(0)
         }
         RunCommand::Watch { run_id } => watch(&mut client, &run_id).await,
