@@ -59,6 +59,24 @@ impl<E: std::fmt::Display> Running<E> {
     }
 }
 
+/// An inference gateway's command line with gRPC on a free loopback port:
+/// its model, Redis, policy replicas (comma separated), HTTP address, plus `extra` flags.
+pub fn inference_gateway_args(
+    model: &str,
+    redis_url: &str,
+    policy_servers: &str,
+    http: &str,
+    extra: &[&str],
+) -> Vec<String> {
+    let mut args: Vec<String> = ["inference-gateway", "--listen", "127.0.0.1:0", "--http-listen", http]
+        .into_iter()
+        .chain(["--model", model, "--redis-url", redis_url, "--policy-servers", policy_servers])
+        .map(str::to_owned)
+        .collect();
+    args.extend(extra.iter().map(|a| a.to_string()));
+    args
+}
+
 /// Waits (up to two minutes) until `service` at `addr` reports SERVING.
 pub async fn wait_serving(addr: &str, service: &str) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(120);

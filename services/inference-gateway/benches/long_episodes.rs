@@ -56,19 +56,7 @@ async fn main() -> Result<()> {
     // Teacher turns never reach a policy server; the address only satisfies the configuration.
     let (gateway_addr, _gateway) = start_service!(
         inference_gateway,
-        [
-            "inference-gateway",
-            "--listen",
-            "127.0.0.1:0",
-            "--http-listen",
-            "127.0.0.1:0",
-            "--model",
-            &model,
-            "--redis-url",
-            &redis_url,
-            "--policy-servers",
-            "127.0.0.1:9"
-        ]
+        sleuth_testkit::service::inference_gateway_args(&model, &redis_url, "127.0.0.1:9", "127.0.0.1:0", &[])
     );
     let mut gateway = InferenceGatewayClient::new(connect(&gateway_addr, None, Duration::from_secs(5)).await?);
     let observation = observation(&tokenizer)?;

@@ -191,19 +191,7 @@ async fn main() -> Result<()> {
     );
     let (gateway_addr, _gateway) = start_service!(
         inference_gateway,
-        [
-            "inference-gateway",
-            "--listen",
-            "127.0.0.1:0",
-            "--http-listen",
-            "127.0.0.1:0",
-            "--model",
-            &model,
-            "--redis-url",
-            &redis_url,
-            "--policy-servers",
-            &policy_addr,
-        ]
+        sleuth_testkit::service::inference_gateway_args(&model, &redis_url, &policy_addr, "127.0.0.1:0", &[])
     );
     wait_serving(&gateway_addr, "sleuth.inference.v1.InferenceGateway").await?;
 

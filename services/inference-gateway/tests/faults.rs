@@ -49,19 +49,7 @@ async fn a_replica_whose_scheduler_dies_stops_serving_and_its_episodes_move() ->
     let redis_url = sleuth_testkit::redis_url(&redis);
     let (gateway_addr, _gateway) = start!(
         inference_gateway,
-        [
-            "inference-gateway",
-            "--listen",
-            "127.0.0.1:0",
-            "--http-listen",
-            "127.0.0.1:0",
-            "--model",
-            &model,
-            "--redis-url",
-            &redis_url,
-            "--policy-servers",
-            &replicas
-        ]
+        sleuth_testkit::service::inference_gateway_args(&model, &redis_url, &replicas, "127.0.0.1:0", &[])
     );
     wait_serving(&gateway_addr, "sleuth.inference.v1.InferenceGateway").await?;
     let mut gateway = InferenceGatewayClient::new(connect(&gateway_addr, None, Duration::from_secs(5)).await?);

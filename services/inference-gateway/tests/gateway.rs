@@ -11,30 +11,9 @@ use sleuth_proto::inference::v1 as pb;
 use sleuth_proto::inference::v1::inference_gateway_client::InferenceGatewayClient;
 use tonic::Code;
 
+use sleuth_testkit::service::inference_gateway_args as gateway_args;
 use sleuth_testkit::service::wait_serving as serving;
 use sleuth_testkit::start_service as start;
-
-/// The gateway's command line: its model, Redis, policy replicas and HTTP address, plus `extra` flags.
-fn gateway_args(model: &str, redis_url: &str, policy_servers: &str, http: &str, extra: &[&str]) -> Vec<String> {
-    let mut args: Vec<String> = [
-        "inference-gateway",
-        "--listen",
-        "127.0.0.1:0",
-        "--http-listen",
-        http,
-        "--model",
-        model,
-        "--redis-url",
-        redis_url,
-        "--policy-servers",
-        policy_servers,
-    ]
-    .iter()
-    .map(|a| a.to_string())
-    .collect();
-    args.extend(extra.iter().map(|a| a.to_string()));
-    args
-}
 
 fn user(text: &str) -> ChatMessage {
     ChatMessage { role: "user".into(), content: text.into(), ..Default::default() }
