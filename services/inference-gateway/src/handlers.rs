@@ -159,15 +159,15 @@ impl Handlers {
         }
         // Only what is new is rendered: the policy's last reply (messages[seen - 1])
         // and the messages after it. The history before the reply is checked by digest.
-        let (history, reply) = request.messages[..seen].split_at(seen.saturating_sub(1));
+        let (history, returned) = request.messages[..seen].split_at(seen.saturating_sub(1));
         let mut digest = HistoryDigest::new(&request.tools);
         digest.extend(history);
         let history_drift = !loaded.record.history_digest.is_empty() && digest.value() != loaded.record.history_digest;
         digest.extend(&request.messages[history.len()..]);
         let system = request.messages.first().filter(|m| m.role == "system").map(message_json);
-        let reply = reply.first().map(message_json);
+        let returned = returned.first().map(message_json);
         let sampled = loaded.last_reply();
-        let last = reply.as_ref().map(|message| LastReply { message, sampled: &sampled });
+        let last = returned.as_ref().map(|message| LastReply { message, sampled: &sampled });
         let new: Vec<Json> = request.messages[seen..].iter().map(message_json).collect();
         let mut next = self.renderer.next_prompt(system.as_ref(), last, &new, &tools)?;
         next.drift |= history_drift;
