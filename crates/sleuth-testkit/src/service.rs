@@ -59,6 +59,16 @@ impl<E: std::fmt::Display> Running<E> {
     }
 }
 
+/// A policy server's command line for tests: `model` on the CPU in f32, gRPC
+/// on a free loopback port, plus `extra` flags.
+pub fn policy_server_args(model: &str, extra: &[&str]) -> Vec<String> {
+    ["policy-server", "--listen", "127.0.0.1:0", "--device", "cpu", "--dtype", "f32", "--model", model]
+        .iter()
+        .chain(extra)
+        .map(|a| a.to_string())
+        .collect()
+}
+
 /// An inference gateway's command line with gRPC on a free loopback port:
 /// its model, Redis, policy replicas (comma separated), HTTP address, plus `extra` flags.
 pub fn inference_gateway_args(

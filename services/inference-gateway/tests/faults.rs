@@ -39,9 +39,8 @@ async fn a_replica_whose_scheduler_dies_stops_serving_and_its_episodes_move() ->
     let model = sleuth_testkit::smollm2()?;
     let model = model.to_str().context("utf-8 path")?.to_owned();
     let redis = sleuth_testkit::redis()?;
-    let policy_args =
-        ["policy-server", "--listen", "127.0.0.1:0", "--device", "cpu", "--dtype", "f32", "--model", &model];
-    let (doomed, doomed_server) = start!(policy_server, policy_args);
+    let policy_args = sleuth_testkit::service::policy_server_args(&model, &[]);
+    let (doomed, doomed_server) = start!(policy_server, policy_args.clone());
     let (healthy, _healthy) = start!(policy_server, policy_args);
     wait_serving(&doomed, POLICY).await?;
     wait_serving(&healthy, POLICY).await?;

@@ -12,6 +12,7 @@ use sleuth_proto::inference::v1::inference_gateway_client::InferenceGatewayClien
 use tonic::Code;
 
 use sleuth_testkit::service::inference_gateway_args as gateway_args;
+use sleuth_testkit::service::policy_server_args;
 use sleuth_testkit::service::wait_serving as serving;
 use sleuth_testkit::start_service as start;
 
@@ -66,22 +67,7 @@ async fn one_replica_with(extra: &[&str]) -> Result<OneReplica> {
     let redis = sleuth_testkit::redis()?;
     let redis_url = sleuth_testkit::redis_url(&redis);
     // publish_version reloads the model's own directory as a checkpoint.
-    let (policy_addr, policy) = start!(
-        policy_server,
-        [
-            "policy-server",
-            "--listen",
-            "127.0.0.1:0",
-            "--device",
-            "cpu",
-            "--dtype",
-            "f32",
-            "--model",
-            &model,
-            "--checkpoint-roots",
-            &model
-        ]
-    );
+    let (policy_addr, policy) = start!(policy_server, policy_server_args(&model, &["--checkpoint-roots", &model]));
     let (gateway_addr, gateway_stop) =
         start!(inference_gateway, gateway_args(&model, &redis_url, &policy_addr, "127.0.0.1:0", extra));
     serving(&gateway_addr, "sleuth.inference.v1.InferenceGateway").await?;
@@ -218,10 +204,7 @@ async fn the_openai_endpoint_runs_the_same_turns() -> Result<()> {
     let model = model.to_str().context("utf-8 path")?.to_owned();
     let redis = sleuth_testkit::redis()?;
     let redis_url = sleuth_testkit::redis_url(&redis);
-    let (policy_addr, _policy) = start!(
-        policy_server,
-        ["policy-server", "--listen", "127.0.0.1:0", "--device", "cpu", "--dtype", "f32", "--model", &model]
-    );
+    let (policy_addr, _policy) = start!(policy_server, policy_server_args(&model, &[]));
     let http = format!("127.0.0.1:{}", sleuth_testkit::free_port()?);
     let (gateway_addr, _gateway) = start!(
         inference_gateway,
@@ -296,14 +279,8 @@ async fn episodes_stick_to_a_replica_and_fail_over_when_it_dies() -> Result<()> 
     let model = model.to_str().context("utf-8 path")?.to_owned();
     let redis = sleuth_testkit::redis()?;
     let redis_url = sleuth_testkit::redis_url(&redis);
-    let (first_addr, first_stop) = start!(
-        policy_server,
-        ["policy-server", "--listen", "127.0.0.1:0", "--device", "cpu", "--dtype", "f32", "--model", &model]
-    );
-    let (second_addr, _second) = start!(
-        policy_server,
-        ["policy-server", "--listen", "127.0.0.1:0", "--device", "cpu", "--dtype", "f32", "--model", &model]
-    );
+    let (first_addr, first_stop) = start!(policy_server, policy_server_args(&model, &[]));
+    let (second_addr, _second) = start!(policy_server, policy_server_args(&model, &[]));
     let replicas = format!("{first_addr},{second_addr}");
     let (gateway_addr, _gateway) =
         start!(inference_gateway, gateway_args(&model, &redis_url, &replicas, "127.0.0.1:0", &[]));
@@ -430,10 +407,7 @@ async fn http_stack(extra: &[&str]) -> Result<HttpStack> {
     let model = model.to_str().context("utf-8 path")?.to_owned();
     let redis = sleuth_testkit::redis()?;
     let redis_url = sleuth_testkit::redis_url(&redis);
-    let (policy_addr, policy) = start!(
-        policy_server,
-        ["policy-server", "--listen", "127.0.0.1:0", "--device", "cpu", "--dtype", "f32", "--model", &model]
-    );
+    let (policy_addr, policy) = start!(policy_server, policy_server_args(&model, &[]));
     let http = format!("127.0.0.1:{}", sleuth_testkit::free_port()?);
     let (grpc, gateway) = start!(inference_gateway, gateway_args(&model, &redis_url, &policy_addr, &http, extra));
     serving(&grpc, "sleuth.inference.v1.InferenceGateway").await?;

@@ -369,14 +369,8 @@ async fn published_weights_change_the_policy_server() -> Result<()> {
     let redis_url = sleuth_testkit::redis_url(&redis_server);
     // Publication has its own token: the mesh token opens turns, not UpdateWeights.
     let tokens = ["--auth-token", "mesh-secret", "--publish-token", "publish-secret"];
-    let (policy_addr, _policy) = sleuth_testkit::start_service!(
-        policy_server,
-        [
-            &["policy-server", "--listen", "127.0.0.1:0", "--device", "cpu", "--dtype", "f32", "--model", &model][..],
-            &tokens
-        ]
-        .concat()
-    );
+    let (policy_addr, _policy) =
+        sleuth_testkit::start_service!(policy_server, sleuth_testkit::service::policy_server_args(&model, &tokens));
     sleuth_testkit::service::wait_serving(&policy_addr, "sleuth.policy.v1.PolicyServer").await?;
     let mesh: sleuth_kit::BearerToken = "mesh-secret".parse()?;
     let mut policy =
@@ -455,19 +449,7 @@ async fn checkpoints_go_to_s3_and_the_policy_server_loads_them_from_there() -> R
 
     let (policy_addr, _policy) = sleuth_testkit::start_service!(
         policy_server,
-        [
-            "policy-server",
-            "--listen",
-            "127.0.0.1:0",
-            "--device",
-            "cpu",
-            "--dtype",
-            "f32",
-            "--model",
-            &model,
-            "--s3-endpoint",
-            &endpoint
-        ]
+        sleuth_testkit::service::policy_server_args(&model, &["--s3-endpoint", &endpoint])
     );
     sleuth_testkit::service::wait_serving(&policy_addr, "sleuth.policy.v1.PolicyServer").await?;
     let mut policy =
