@@ -430,3 +430,115 @@ async fn the_bm25_baseline_evaluation_reproduces_the_tool_gateway_figure() -> Re
     assert!(reports.join(format!("{}.json", started.evaluation_id)).is_file());
     Ok(())
 }
+
+/// One episode is one distributed trace across the mesh: the orchestrator's
+/// episode span is its root, and the agent, inference gateway, policy server
+/// and tool gateway each add spans under it, carried by `traceparent`
+/// metadata. The episode names its trace; the trace names its episode.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_episode_is_one_trace_across_the_mesh() -> Result<()> {
+    let collector = sleuth_testkit::otlp_collector()?;
+    let scratch = tempfile::tempdir()?;
+    let Policies { index, searcher, .. } = policies(scratch.path()).await?;
+    let mesh = Mesh::traced(&searcher, &index, &sleuth_testkit::otlp_endpoint(&collector))?;
+    mesh.client().await?;
+    let (_orchestrator, mut client) = mesh.orchestrator(&scratch.path().join("runs.db")).await?;
+    // One task, one episode of two searches.
+    let mut spec = spec(&index, 1, 1, 1, 0, 2);
+    spec.train.as_mut().context("train")?.limit = 1;
+    client.create_run(rollout::CreateRunRequest { spec: Some(spec), run_id: "traced".into() }).await?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let episode = loop {
+        if let Some(group) = stream_groups(&mesh.redis_url, "traced").await?.pop() {
+            break group.episodes.into_iter().next().context("an episode")?;
+        }
+        anyhow::ensure!(std::time::Instant::now() < deadline, "no group published");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!((episode.outcome(), episode.turns), (EpisodeOutcome::TurnLimit, 2), "{}", episode.outcome_detail);
+    let trace_id = episode.trace_id.clone();
+    assert_eq!(trace_id.len(), 32, "the episode names its trace: {trace_id:?}");
+
+    // Spans leave each process in batches every 100 ms.
+    let expected: [(&str, &str); 8] = [
+        ("rollout-orchestrator", "episode"),
+        ("agent", "/sleuth.agent.v1.Agent/RunEpisode"),
+        ("agent", "policy_turn"),
+        ("inference-gateway", "gateway_turn"),
+        ("policy-server", "/sleuth.policy.v1.PolicyServer/Generate"),
+        ("policy-server", "generate"),
+        ("tool-gateway", "/sleuth.tools.v1.ToolGateway/CallTool"),
+        ("tool-gateway", "tool_call"),
+    ];
+    // Complete when every expected span is in, and every parent named (spans
+    // of one trace leave their processes in separate batches).
+    let complete = |log: &str| {
+        let spans: Vec<ExportedSpan> = exported_spans(log).into_iter().filter(|s| s.trace_id == trace_id).collect();
+        let present = |service: &str, name: &str| spans.iter().any(|s| s.service == service && s.name == name);
+        let parented = |s: &ExportedSpan| s.parent_id.is_empty() || spans.iter().any(|p| p.span_id == s.parent_id);
+        expected.iter().all(|(service, name)| present(service, name)) && spans.iter().all(parented)
+    };
+    let log = sleuth_testkit::wait_for_log(&collector, Duration::from_secs(30), complete)?;
+    let spans: Vec<ExportedSpan> = exported_spans(&log).into_iter().filter(|s| s.trace_id == trace_id).collect();
+    let services: std::collections::BTreeSet<&str> = spans.iter().map(|s| s.service.as_str()).collect();
+    assert!(services.len() >= 5, "{services:?}");
+    // One root: the orchestrator's episode span; every other span has a parent in the trace.
+    let roots: Vec<&ExportedSpan> = spans.iter().filter(|s| s.parent_id.is_empty()).collect();
+    assert_eq!(roots.len(), 1, "{roots:?}");
+    assert_eq!((roots[0].service.as_str(), roots[0].name.as_str()), ("rollout-orchestrator", "episode"));
+    // The root names the run and the episode; the turns name their turn and policy version.
+    let root = log_block(&log, &roots[0].span_id);
+    assert!(root.contains("run_id: Str(traced)"), "{root}");
+    assert!(root.contains(&format!("episode_id: Str({})", episode.episode_id)), "{root}");
+    let turn = spans.iter().find(|s| s.name == "gateway_turn").context("a gateway turn")?;
+    let turn = log_block(&log, &turn.span_id);
+    assert!(turn.contains("-> policy_version: ") && turn.contains("-> turn: "), "{turn}");
+    Ok(())
+}
+
+/// A span as the collector's debug log prints it.
+#[derive(Debug, Default, Clone)]
+struct ExportedSpan {
+    service: String,
+    trace_id: String,
+    span_id: String,
+    parent_id: String,
+    name: String,
+}
+
+/// The spans in the collector's detailed debug log: a resource's
+/// `service.name` line, then per span its trace, parent and own ids and name.
+fn exported_spans(log: &str) -> Vec<ExportedSpan> {
+    let mut spans = Vec::new();
+    let (mut service, mut span) = (String::new(), None::<ExportedSpan>);
+    for line in log.lines() {
+        let line = line.trim();
+        let value = |key: &str| {
+            line.strip_prefix(key)
+                .and_then(|rest| rest.trim_start().strip_prefix(':'))
+                .map(|v| v.trim().trim_start_matches("Str(").trim_end_matches(')').to_owned())
+        };
+        if let Some(name) = line.strip_prefix("-> service.name:").map(|v| v.trim()) {
+            service = name.trim_start_matches("Str(").trim_end_matches(')').to_owned();
+        } else if let Some(id) = value("Trace ID") {
+            spans.extend(span.take());
+            span = Some(ExportedSpan { service: service.clone(), trace_id: id, ..Default::default() });
+        } else if let (Some(id), Some(span)) = (value("Parent ID"), span.as_mut()) {
+            span.parent_id = id;
+        } else if let (Some(id), Some(span)) = (value("ID"), span.as_mut()) {
+            span.span_id = id;
+        } else if let (Some(name), Some(span)) = (value("Name"), span.as_mut()) {
+            span.name = name;
+        }
+    }
+    spans.extend(span);
+    spans
+}
+
+/// The lines the collector printed for the span `span_id`, from its id to
+/// the next span, attributes included.
+fn log_block<'a>(log: &'a str, span_id: &str) -> &'a str {
+    let at = log.find(&format!("ID             : {span_id}")).unwrap_or(log.len());
+    let end = log[at..].find("Span #").map_or(log.len(), |n| at + n);
+    &log[at..end]
+}

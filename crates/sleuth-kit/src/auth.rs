@@ -166,8 +166,8 @@ where
     }
 }
 
-/// Client-side interceptor adding the bearer token to every outgoing call.
-/// Without a token it passes requests through unchanged.
+/// Client-side interceptor on every mesh channel: adds the bearer token (when
+/// there is one) and the current trace context to every outgoing call.
 #[derive(Clone, Debug, Default)]
 pub struct BearerInterceptor {
     header: Option<MetadataValue<tonic::metadata::Ascii>>,
@@ -184,6 +184,7 @@ impl tonic::service::Interceptor for BearerInterceptor {
         if let Some(header) = &self.header {
             request.metadata_mut().insert("authorization", header.clone());
         }
+        crate::trace_context::inject(request.metadata_mut());
         Ok(request)
     }
 }

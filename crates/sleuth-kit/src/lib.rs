@@ -19,6 +19,7 @@ pub mod serve;
 pub mod shutdown;
 pub mod stack;
 pub mod telemetry;
+pub mod trace_context;
 
 pub use auth::BearerToken;
 pub use config::{AdminTokenArgs, PublishTokenArgs, ServeArgs, TelemetryArgs};

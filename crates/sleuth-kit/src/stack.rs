@@ -2,6 +2,8 @@
 //!
 //! From the outside in:
 //!
+//! 0. **A server span** per call, child of the caller's trace context
+//!    ([`crate::trace_context::server_span`]), so refusals are traced too.
 //! 1. **Authentication** ([`RequireBearerLayer`]) sits outermost so that
 //!    strangers are turned away before they take a concurrency permit: an
 //!    unauthenticated flood cannot starve the mesh's own callers.
@@ -38,7 +40,8 @@ pub fn guard(router: axum::Router, max_concurrent_requests: usize, access: Acces
         .layer(LoadShedLayer::new())
         .layer(GlobalConcurrencyLimitLayer::new(max_concurrent_requests));
     let router = router.layer(limits);
-    if access.is_guarded() { router.layer(RequireBearerLayer::new(access)) } else { router }
+    let router = if access.is_guarded() { router.layer(RequireBearerLayer::new(access)) } else { router };
+    router.layer(axum::middleware::from_fn(crate::trace_context::server_span))
 }
 
 /// The only error the limit layers produce is tower's `Overloaded`; anything

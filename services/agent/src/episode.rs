@@ -10,6 +10,7 @@ use sleuth_proto::inference::v1::inference_gateway_client::InferenceGatewayClien
 use sleuth_proto::tools::v1 as tools;
 use sleuth_proto::tools::v1::tool_gateway_client::ToolGatewayClient;
 use tonic::Code;
+use tracing::Instrument as _;
 
 use crate::budget::Budget;
 use crate::prompt::{SUBMIT_TOOL, SYSTEM_PROMPT, parse_submission, submit_tool};
@@ -116,6 +117,7 @@ pub async fn run(clients: &Clients, request: &RunEpisodeRequest) -> Episode {
                     ..Default::default()
                 };
                 let response = match within(clients.model_timeout, chat, async |r| clients.model.clone().chat(r).await)
+                    .instrument(tracing::info_span!("policy_turn", turn = turns))
                     .await
                 {
                     Ok(response) => response.into_inner(),
@@ -157,6 +159,7 @@ pub async fn run(clients: &Clients, request: &RunEpisodeRequest) -> Episode {
                     budget.observation_char_cap,
                     &mut messages,
                 )
+                .instrument(tracing::info_span!("tool_calls", turn = turns))
                 .await
                 {
                     break end;
@@ -285,6 +288,7 @@ async fn finish(
         min_policy_version: policy().map(|s| s.policy_version).min().unwrap_or_default(),
         max_policy_version: policy().map(|s| s.policy_version).max().unwrap_or_default(),
         trace,
+        trace_id: sleuth_kit::trace_context::current_trace_id().unwrap_or_default(),
         ..Default::default()
     }
 }

@@ -22,6 +22,7 @@ use sleuth_proto::tools::v1::tool_gateway_client::ToolGatewayClient;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tonic::{Request, Response, Status};
+use tracing::Instrument as _;
 
 /// Configuration, from flags or `SLEUTH_*` environment variables.
 #[derive(clap::Parser, Debug, Clone)]
@@ -107,7 +108,13 @@ impl Agent for Handlers {
             status
         })?;
         IN_FLIGHT.inc();
-        let episode = episode::run(&self.clients, &request).await;
+        let span = tracing::info_span!(
+            "agent_episode",
+            run_id = %request.run_id,
+            episode_id = %request.episode_id,
+            task_id = %request.task.as_ref().map_or("", |t| t.task_id.as_str()),
+        );
+        let episode = episode::run(&self.clients, &request).instrument(span).await;
         IN_FLIGHT.dec();
         EPISODES.with_label_values(&[sleuth_metrics::reward::outcome_name(episode.outcome())]).inc();
         tracing::info!(

@@ -12,6 +12,7 @@ use crate::episode::{HistoryDigest, TraceStore};
 use crate::error::Error;
 use crate::metrics::METRICS;
 use sleuth_kit::ServiceError;
+use tracing::Instrument as _;
 
 /// What to do when the conversation no longer matches the recorded tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -113,7 +114,15 @@ impl Handlers {
     /// One assistant turn: what both front doors (gRPC Chat, OpenAI HTTP) run.
     pub async fn turn(&self, front_door: &str, request: pb::ChatRequest) -> Result<pb::ChatResponse, Error> {
         let started = std::time::Instant::now();
-        let result = self.recorded_turn(request).await;
+        let span = tracing::info_span!(
+            "gateway_turn",
+            run_id = %request.run_id,
+            episode_id = %request.episode_id,
+            turn = tracing::field::Empty,
+            policy_version = tracing::field::Empty,
+            teacher = !request.teacher_reply.is_empty(),
+        );
+        let result = self.recorded_turn(request).instrument(span).await;
         let outcome = match &result {
             Ok((response, policy_wait)) => {
                 METRICS.overhead_seconds.observe(started.elapsed().saturating_sub(*policy_wait).as_secs_f64());
@@ -143,6 +152,7 @@ impl Handlers {
         let teacher = !request.teacher_reply.is_empty();
         let mut loaded = self.traces.load(&episode, !teacher).await?;
         let turn = loaded.record.turns;
+        tracing::Span::current().record("turn", turn);
         match request.turns_before {
             Some(turns_before) if turns_before > 0 && loaded.revision == 0 => return Err(Error::TraceGone { episode }),
             Some(turns_before) if turns_before != turn => {
@@ -220,6 +230,7 @@ impl Handlers {
         let observed = request.messages[seen..].iter().any(|m| m.role == "tool");
         let kind = if observed { SegmentKind::Observation } else { SegmentKind::Prompt };
         let version = generated.policy_versions.first().copied().unwrap_or_default();
+        tracing::Span::current().record("policy_version", version);
         loaded.push_context(turn, kind, &next.new_tokens, version);
         loaded.push_sampled(turn, &generated.token_ids, &generated.logprobs, &generated.policy_versions);
         // The policy server ends at the token completing a stop string; the

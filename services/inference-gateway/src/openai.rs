@@ -9,10 +9,12 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
+use axum::middleware::from_fn_with_state;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use serde::Deserialize;
 use serde_json::{Value, json};
+use sleuth_kit::trace_context::route_span;
 use sleuth_kit::{BearerToken, ErrorKind, ServiceError};
 use sleuth_proto::common::v1::{ChatMessage, SamplingParams, ToolCall, ToolSpec};
 use sleuth_proto::inference::v1::ChatRequest;
@@ -28,6 +30,10 @@ struct AppState {
     handlers: Arc<Handlers>,
 }
 
+const CHAT: &str = "/v1/chat/completions";
+/// Episode ids in paths; spans are named after the route.
+const EPISODE_CHAT: &str = "/episodes/{episode}/v1/chat/completions";
+
 /// The endpoint behind the same guards as the gRPC services, from the outside
 /// in: the bearer token, checked before the body is read; load shedding and a
 /// concurrency limit (`SLEUTH_MAX_CONCURRENT_REQUESTS`, counted apart from
@@ -39,12 +45,12 @@ pub fn router(handlers: Arc<Handlers>, token: Option<BearerToken>, serve: &sleut
         .layer(tower::load_shed::LoadShedLayer::new())
         .layer(tower::limit::GlobalConcurrencyLimitLayer::new(serve.max_concurrent_requests as usize));
     axum::Router::new()
-        .route("/v1/chat/completions", post(from_header))
-        .route("/episodes/{episode}/v1/chat/completions", post(from_path))
+        .route(CHAT, post(from_header).layer(from_fn_with_state(CHAT, route_span)))
+        .route(EPISODE_CHAT, post(from_path).layer(from_fn_with_state(EPISODE_CHAT, route_span)))
         .with_state(AppState { handlers })
-        .layer(axum::middleware::from_fn_with_state(serve.request_timeout, within))
+        .layer(from_fn_with_state(serve.request_timeout, within))
         .layer(limits)
-        .layer(axum::middleware::from_fn_with_state(token, authenticate))
+        .layer(from_fn_with_state(token, authenticate))
 }
 
 /// Turns away a request without the mesh's token before anything reads its body.

@@ -16,6 +16,7 @@ use sleuth_proto::policy::v1::{
     DType, GetModelInfoRequest, TensorChunk, UpdateWeightsRequest, WeightsHeader, update_weights_request::Part,
 };
 use tch::{Device, Kind, Tensor};
+use tracing::Instrument as _;
 
 use crate::Error;
 use crate::learn::Sources;
@@ -144,6 +145,12 @@ impl Publisher {
     /// Sends `requests` to the servers at `indices` concurrently.
     pub async fn publish_to(&self, indices: &[usize], requests: Vec<UpdateWeightsRequest>) -> Published {
         let started = Instant::now();
+        let version = requests.iter().find_map(|r| match &r.part {
+            Some(Part::Header(header)) => Some(header.version),
+            _ => None,
+        });
+        // One trace per publication, whichever step or republication sent it.
+        let span = tracing::info_span!(parent: None, "publish_weights", version, servers = indices.len());
         let calls = indices.iter().filter_map(|&i| self.servers.get(i)).map(|(address, client)| {
             let mut client = client.clone();
             let requests = requests.clone();
@@ -154,7 +161,7 @@ impl Publisher {
             }
         });
         let mut published = Published::default();
-        for (address, result) in futures::future::join_all(calls).await {
+        for (address, result) in futures::future::join_all(calls).instrument(span).await {
             match result {
                 Ok(_) => published.servers_updated += 1,
                 Err(status) => {

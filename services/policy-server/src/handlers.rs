@@ -10,6 +10,7 @@ use sleuth_proto::policy::v1::policy_server_server::PolicyServer;
 use tch::Kind;
 use tonic::codegen::BoxStream;
 use tonic::{Request, Response, Status, Streaming};
+use tracing::Instrument as _;
 
 use crate::engine::{Engine, Event, Finish, Job, StopStrings, Weights};
 use crate::error::Error;
@@ -101,32 +102,14 @@ fn finish_reason(finish: Finish) -> i32 {
 #[tonic::async_trait]
 impl PolicyServer for Handlers {
     async fn generate(&self, request: Request<pb::GenerateRequest>) -> Result<Response<pb::GenerateResponse>, Status> {
-        let (job, with_model_logprobs) = self.job(request.get_ref())?;
-        let engine = self.engine()?;
-        let mut events = engine.generate(job)?;
-        let mut response = pb::GenerateResponse::default();
-        while let Some(event) = events.recv().await {
-            match event? {
-                Event::Token { sampled, version } => {
-                    response.token_ids.push(sampled.token);
-                    response.logprobs.push(sampled.logprob);
-                    if with_model_logprobs {
-                        response.model_logprobs.push(sampled.model_logprob);
-                    }
-                    response.policy_versions.push(version);
-                }
-                Event::Done { finish, prompt_tokens, cached_prompt_tokens } => {
-                    response.finish_reason = finish_reason(finish);
-                    response.prompt_tokens = prompt_tokens as u32;
-                    response.cached_prompt_tokens = cached_prompt_tokens as u32;
-                    return Ok(Response::new(response));
-                }
-            }
-        }
-        // Events end without a finish only when the scheduler thread died mid-generation.
-        Err(engine.stopped().into())
+        let span = tracing::info_span!(
+            "generate",
+            episode_id = %request.get_ref().session_id,
+            prompt_tokens = request.get_ref().prompt_token_ids.len(),
+            policy_version = tracing::field::Empty,
+        );
+        self.generated(request).instrument(span).await
     }
-
     async fn generate_stream(
         &self,
         request: Request<pb::GenerateRequest>,
@@ -235,5 +218,38 @@ impl PolicyServer for Handlers {
             kv_cache_budget_tokens: facts.kv_budget_tokens,
             libtorch_version: String::new(),
         }))
+    }
+}
+
+impl Handlers {
+    /// A whole generation, answered once it ends.
+    async fn generated(&self, request: Request<pb::GenerateRequest>) -> Result<Response<pb::GenerateResponse>, Status> {
+        let (job, with_model_logprobs) = self.job(request.get_ref())?;
+        let engine = self.engine()?;
+        let mut events = engine.generate(job)?;
+        let mut response = pb::GenerateResponse::default();
+        while let Some(event) = events.recv().await {
+            match event? {
+                Event::Token { sampled, version } => {
+                    response.token_ids.push(sampled.token);
+                    response.logprobs.push(sampled.logprob);
+                    if with_model_logprobs {
+                        response.model_logprobs.push(sampled.model_logprob);
+                    }
+                    response.policy_versions.push(version);
+                }
+                Event::Done { finish, prompt_tokens, cached_prompt_tokens } => {
+                    response.finish_reason = finish_reason(finish);
+                    response.prompt_tokens = prompt_tokens as u32;
+                    response.cached_prompt_tokens = cached_prompt_tokens as u32;
+                    if let Some(version) = response.policy_versions.last() {
+                        tracing::Span::current().record("policy_version", version);
+                    }
+                    return Ok(Response::new(response));
+                }
+            }
+        }
+        // Events end without a finish only when the scheduler thread died mid-generation.
+        Err(engine.stopped().into())
     }
 }

@@ -19,6 +19,7 @@ use sleuth_proto::agent::v1::{RunEpisodeRequest, RunEpisodeResponse};
 use sleuth_proto::common::v1::{Episode, EpisodeOutcome};
 use std::sync::Mutex;
 use tonic::Code;
+use tracing::Instrument as _;
 
 /// How long a failed worker is skipped.
 const BENCH: Duration = Duration::from_secs(5);
@@ -118,7 +119,17 @@ impl Workers {
             worker.in_flight.fetch_add(1, Ordering::Relaxed);
             // The worker enforces the deadline it is sent; the caller too, for a worker that hangs whole.
             let mut client = worker.client.clone();
+            // Each attempt is the root of its own trace, as it is its own episode.
+            let span = tracing::info_span!(
+                parent: None,
+                "episode",
+                run_id = %request.get_ref().run_id,
+                episode_id = %request.get_ref().episode_id,
+                task_id = %request.get_ref().task.as_ref().map_or("", |t| t.task_id.as_str()),
+                worker = %worker.address,
+            );
             let result = tokio::time::timeout(deadline + Duration::from_secs(30), client.run_episode(request))
+                .instrument(span)
                 .await
                 .unwrap_or_else(|_| Err(tonic::Status::deadline_exceeded(format!("no answer within {deadline:?}"))));
             worker.in_flight.fetch_sub(1, Ordering::Relaxed);

@@ -10,6 +10,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::codegen::BoxStream;
 use tonic::{Request, Response, Status};
+use tracing::Instrument as _;
 
 use crate::bm25::{Bm25Options, Stemming};
 use crate::collection::{Collection, Collections, Hit, Method, validate_name};
@@ -91,35 +92,14 @@ impl ToolGateway for Handlers {
     }
 
     async fn call_tool(&self, request: Request<pb::CallToolRequest>) -> Result<Response<pb::CallToolResponse>, Status> {
-        let request = request.into_inner();
-        let collection = self.collections.get(&request.collection)?;
-        let call = tools::parse_call(&request.name, &request.arguments_json)?;
-        let cap = request.observation_char_cap as usize;
-        let vector = match &call {
-            ToolCall::HybridSearch { .. } if !self.hybrid_tool => {
-                return Err(Error::InvalidArgument(
-                    "unknown tool \"hybrid_search\" (not enabled on this gateway; see ListTools)".to_owned(),
-                )
-                .into());
-            }
-            ToolCall::VectorSearch { query, .. } | ToolCall::HybridSearch { query, .. } => {
-                Some(self.query_vector(&collection, query).await?)
-            }
-            ToolCall::Bm25Search { .. } | ToolCall::ReadDocument { .. } => None,
-        };
-        let searched = collection.clone();
-        let observation = blocking(move || tools::execute(&searched, &call, vector.as_deref(), cap)).await?;
-        Ok(Response::new(pb::CallToolResponse {
-            observation: observation.text,
-            truncated: observation.truncated,
-            hits: hits_to_proto(&collection, &observation.hits),
-            document: observation.document.map(|ordinal| {
-                let document = collection.document(ordinal);
-                pb::Document { doc_id: document.id.clone(), title: document.title.clone(), text: document.text.clone() }
-            }),
-        }))
+        let span = tracing::info_span!(
+            "tool_call",
+            tool = %request.get_ref().name,
+            collection = %request.get_ref().collection,
+            episode_id = %request.get_ref().episode_id,
+        );
+        self.called(request.into_inner()).instrument(span).await
     }
-
     async fn search(&self, request: Request<pb::SearchRequest>) -> Result<Response<pb::SearchResponse>, Status> {
         let request = request.into_inner();
         let collection = self.collections.get(&request.collection)?;
@@ -351,5 +331,35 @@ impl Handlers {
             )));
         }
         embedder.embed(query.to_owned()).await
+    }
+
+    /// One tool call's observation.
+    async fn called(&self, request: pb::CallToolRequest) -> Result<Response<pb::CallToolResponse>, Status> {
+        let collection = self.collections.get(&request.collection)?;
+        let call = tools::parse_call(&request.name, &request.arguments_json)?;
+        let cap = request.observation_char_cap as usize;
+        let vector = match &call {
+            ToolCall::HybridSearch { .. } if !self.hybrid_tool => {
+                return Err(Error::InvalidArgument(
+                    "unknown tool \"hybrid_search\" (not enabled on this gateway; see ListTools)".to_owned(),
+                )
+                .into());
+            }
+            ToolCall::VectorSearch { query, .. } | ToolCall::HybridSearch { query, .. } => {
+                Some(self.query_vector(&collection, query).await?)
+            }
+            ToolCall::Bm25Search { .. } | ToolCall::ReadDocument { .. } => None,
+        };
+        let searched = collection.clone();
+        let observation = blocking(move || tools::execute(&searched, &call, vector.as_deref(), cap)).await?;
+        Ok(Response::new(pb::CallToolResponse {
+            observation: observation.text,
+            truncated: observation.truncated,
+            hits: hits_to_proto(&collection, &observation.hits),
+            document: observation.document.map(|ordinal| {
+                let document = collection.document(ordinal);
+                pb::Document { doc_id: document.id.clone(), title: document.title.clone(), text: document.text.clone() }
+            }),
+        }))
     }
 }
