@@ -36,6 +36,9 @@ pub enum StoreError {
         #[source]
         source: sqlx::Error,
     },
+    /// The schema could not be brought to this build's version.
+    #[error("migrating the database at {url} to schema version {version}: {message}")]
+    Migrate { url: String, version: i64, message: String },
     #[error("object {key:?} not found in {store}")]
     ObjectNotFound { store: String, key: String },
     #[error("object store {store}: {message}")]
@@ -59,6 +62,7 @@ impl sleuth_kit::ServiceError for StoreError {
             StoreError::ObjectNotFound { .. } => ErrorKind::NotFound,
             StoreError::Redis { .. } | StoreError::Sql { .. } | StoreError::Object { .. } => ErrorKind::Unavailable,
             StoreError::Outside { .. } => ErrorKind::PermissionDenied,
+            StoreError::Migrate { .. } => ErrorKind::FailedPrecondition,
             StoreError::Io { .. } => ErrorKind::Internal,
         }
     }

@@ -11,6 +11,9 @@ use sqlx::{AnyPool, Row};
 use crate::redis::error_source;
 use crate::{StoreError, redact_url};
 
+/// The run-state schema's versions (`migrations/`, embedded at build time).
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+
 /// Where the run-state database is.
 #[derive(clap::Args, Debug, Clone)]
 pub struct DatabaseArgs {
@@ -102,6 +105,40 @@ impl Database {
         let one: i32 = row.try_get(0).map_err(|source| StoreError::Sql { url: self.url.clone(), source })?;
         debug_assert_eq!(one, 1);
         Ok(())
+    }
+
+    /// Brings the schema to this build's version, [`MIGRATOR`]'s newest.
+    /// Every service that keeps state in SQL calls it at start, so an
+    /// upgrade changes existing tables in place, rows kept. PostgreSQL
+    /// migrates under an advisory lock, so replicas starting together apply
+    /// each migration once; SQLite takes no such lock, and a process that
+    /// lost the race to another one finds the migration applied when it
+    /// tries again.
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        let version = MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0);
+        let mut attempt = 0;
+        loop {
+            let error = match MIGRATOR.run(&self.pool).await {
+                Ok(()) => return Ok(()),
+                Err(error) => error,
+            };
+            let message = match &error {
+                sqlx::migrate::MigrateError::VersionMissing(newer) => format!(
+                    "the database is at schema version {newer}, newer than this build knows; \
+                     run the Sleuth release that migrated it, or restore the database from before the upgrade"
+                ),
+                other => other.to_string(),
+            };
+            attempt += 1;
+            if self.engine != Engine::Sqlite
+                || attempt == 3
+                || matches!(error, sqlx::migrate::MigrateError::VersionMissing(_))
+            {
+                return Err(StoreError::Migrate { url: self.url.clone(), version, message });
+            }
+            tracing::warn!(url = %self.url, %message, "migration failed, trying again (another process may be migrating)");
+            tokio::time::sleep(Duration::from_millis(200 * attempt)).await;
+        }
     }
 
     /// Readiness probe: the database answers a query.

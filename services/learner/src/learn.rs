@@ -181,7 +181,7 @@ pub async fn lead(
 ) -> Result<(), Error> {
     let (resumed, mut meta) = resume(trainer, &sources.checkpoints).await?;
     trainer = resumed;
-    crate::records::migrate(&sources.database).await?;
+    sources.database.migrate().await?;
     // Steps after the checkpoint are trained again from the replayed entries.
     crate::records::forget_after(&sources.database, &plan.run_id, meta.step).await?;
     let patience = sources.patience;

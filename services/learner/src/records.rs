@@ -5,39 +5,14 @@
 //! Both are written after the step trains. Steps after the checkpoint a
 //! resumed learner starts from are forgotten ([`forget_after`]) and written
 //! again by the replay, so the records describe the weights the run has.
+//! The tables are made by the store's migrations (`sleuth_store::sql::MIGRATOR`).
 
 use sleuth_store::{Database, StoreError};
 
 use crate::trainer::StepStats;
 
-const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS learner_steps (
-    run_id TEXT NOT NULL,
-    step BIGINT NOT NULL,
-    metrics TEXT NOT NULL,
-    created_unix BIGINT NOT NULL,
-    PRIMARY KEY (run_id, step)
-)";
-
 fn failed(database: &Database, source: sqlx::Error) -> StoreError {
     StoreError::Sql { url: database.url().to_owned(), source }
-}
-
-const GROUPS_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS learner_groups (
-    run_id TEXT NOT NULL,
-    entry_id TEXT NOT NULL,
-    group_id TEXT NOT NULL,
-    step BIGINT NOT NULL,
-    disposition TEXT NOT NULL,
-    detail TEXT NOT NULL,
-    token_version BIGINT NOT NULL,
-    PRIMARY KEY (run_id, entry_id)
-)";
-
-pub async fn migrate(database: &Database) -> Result<(), StoreError> {
-    for schema in [SCHEMA, GROUPS_SCHEMA] {
-        sqlx::query(schema).execute(database.pool()).await.map_err(|e| failed(database, e))?;
-    }
-    Ok(())
 }
 
 /// What became of one group the learner took off the stream.

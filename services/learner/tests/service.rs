@@ -136,7 +136,7 @@ fn wait_exit(child: &mut Child, limit: Duration) -> Result<()> {
 /// The steps recorded in SQL for `run`.
 async fn recorded_steps(database: &str, run: &str) -> Result<Vec<u64>> {
     let db = sleuth_store::Database::open(database)?;
-    learner::records::migrate(&db).await?;
+    db.migrate().await?;
     Ok(learner::records::steps(&db, run).await?.into_iter().map(|(step, _)| step).collect())
 }
 

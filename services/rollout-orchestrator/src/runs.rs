@@ -314,6 +314,7 @@ impl Runner {
                 turns: episode.turns,
                 total_tokens: episode.total_tokens,
                 policy_version: episode.max_policy_version,
+                trace_id: episode.trace_id.clone(),
             };
             self.durable("recording an episode", || self.state.record_episode(run_id, &group_id, &summary)).await?;
             if let Some(live) = self.live.lock().expect("live").get_mut(run_id) {

@@ -1,50 +1,12 @@
 //! Run state in SQL (SQLite by default, PostgreSQL when configured; the same
 //! DDL serves both): runs with their specs and status, published groups,
-//! per-episode summaries and validations.
+//! per-episode summaries and validations. The tables are made by the
+//! store's migrations (`sleuth_store::sql::MIGRATOR`).
 
 use prost::Message;
-use sleuth_proto::rollout::v1::{Run, RunSpec, RunStatus, Validation, VersionStats};
+use sleuth_proto::rollout::v1::{EpisodeSummary, Run, RunSpec, RunStatus, Validation, VersionStats};
 use sleuth_store::{Database, StoreError};
 use sqlx::Row;
-
-const SCHEMA: [&str; 4] = [
-    "CREATE TABLE IF NOT EXISTS runs (
-        run_id TEXT PRIMARY KEY,
-        spec TEXT NOT NULL,
-        status INTEGER NOT NULL,
-        detail TEXT NOT NULL,
-        created_unix BIGINT NOT NULL,
-        updated_unix BIGINT NOT NULL
-    )",
-    "CREATE TABLE IF NOT EXISTS run_groups (
-        run_id TEXT NOT NULL,
-        group_id TEXT NOT NULL,
-        stream_id TEXT NOT NULL,
-        reward_mean DOUBLE PRECISION NOT NULL,
-        policy_version BIGINT NOT NULL,
-        PRIMARY KEY (run_id, group_id)
-    )",
-    "CREATE TABLE IF NOT EXISTS run_episodes (
-        run_id TEXT NOT NULL,
-        episode_id TEXT NOT NULL,
-        group_id TEXT NOT NULL,
-        task_id TEXT NOT NULL,
-        outcome INTEGER NOT NULL,
-        reward DOUBLE PRECISION NOT NULL,
-        ndcg DOUBLE PRECISION NOT NULL,
-        turns BIGINT NOT NULL,
-        tokens BIGINT NOT NULL,
-        policy_version BIGINT NOT NULL,
-        PRIMARY KEY (run_id, episode_id)
-    )",
-    "CREATE TABLE IF NOT EXISTS run_validations (
-        run_id TEXT NOT NULL,
-        version BIGINT NOT NULL,
-        evaluation_id TEXT NOT NULL,
-        metrics TEXT NOT NULL,
-        PRIMARY KEY (run_id, version)
-    )",
-];
 
 fn now() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64)
@@ -64,10 +26,9 @@ pub struct State {
 }
 
 impl State {
+    /// The state in `db`, its schema migrated to this build's version.
     pub async fn open(db: Database) -> Result<Self, StoreError> {
-        for ddl in SCHEMA {
-            sqlx::query(ddl).execute(db.pool()).await.map_err(|e| Self::failed(&db, e))?;
-        }
+        db.migrate().await?;
         Ok(Self { db })
     }
 
@@ -194,11 +155,11 @@ impl State {
         &self,
         run_id: &str,
         group_id: &str,
-        summary: &sleuth_proto::rollout::v1::EpisodeSummary,
+        summary: &EpisodeSummary,
     ) -> Result<(), StoreError> {
         sqlx::query(
-            "INSERT INTO run_episodes (run_id, episode_id, group_id, task_id, outcome, reward, ndcg, turns, tokens, policy_version)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) ON CONFLICT (run_id, episode_id) DO NOTHING",
+            "INSERT INTO run_episodes (run_id, episode_id, group_id, task_id, outcome, reward, ndcg, turns, tokens, policy_version, trace_id)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) ON CONFLICT (run_id, episode_id) DO NOTHING",
         )
         .bind(run_id)
         .bind(&summary.episode_id)
@@ -210,10 +171,42 @@ impl State {
         .bind(i64::from(summary.turns))
         .bind(i64::from(summary.total_tokens))
         .bind(summary.policy_version as i64)
+        .bind(&summary.trace_id)
         .execute(self.db.pool())
         .await
         .map_err(|e| self.error(e))?;
         Ok(())
+    }
+
+    /// A page of `run_id`'s episode summaries, in episode id order (ids
+    /// start with the group's, so a group's episodes are together).
+    pub async fn episodes(&self, run_id: &str, offset: u64, limit: u64) -> Result<Vec<EpisodeSummary>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT episode_id, task_id, outcome, reward, ndcg, turns, tokens, policy_version, trace_id
+             FROM run_episodes WHERE run_id = $1 ORDER BY episode_id LIMIT $2 OFFSET $3",
+        )
+        .bind(run_id)
+        .bind(limit as i64)
+        .bind(offset as i64)
+        .fetch_all(self.db.pool())
+        .await
+        .map_err(|e| self.error(e))?;
+        rows.iter()
+            .map(|row| {
+                Ok(EpisodeSummary {
+                    episode_id: row.try_get("episode_id")?,
+                    task_id: row.try_get("task_id")?,
+                    outcome: row.try_get("outcome")?,
+                    reward: row.try_get("reward")?,
+                    metrics: [("ndcg@10".to_owned(), row.try_get("ndcg")?)].into(),
+                    turns: row.try_get::<i64, _>("turns")? as u32,
+                    total_tokens: row.try_get::<i64, _>("tokens")? as u32,
+                    policy_version: row.try_get::<i64, _>("policy_version")? as u64,
+                    trace_id: row.try_get("trace_id")?,
+                })
+            })
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(|e| self.error(e))
     }
 
     /// Records the validation of `run_id` at `version` (a repeat replaces it).

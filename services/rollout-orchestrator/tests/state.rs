@@ -1,5 +1,6 @@
 //! Run state behaves the same on SQLite and PostgreSQL: idempotent creates,
-//! status changes, groups recorded once, episodes, and the runs to resume.
+//! status changes, groups recorded once, episodes, the runs to resume, and
+//! upgrades of a database an older release made.
 
 use anyhow::Result;
 use rollout_orchestrator::state::State;
@@ -43,4 +44,83 @@ async fn state_on_sqlite() -> Result<()> {
 async fn state_on_postgres() -> Result<()> {
     let server = sleuth_testkit::postgres()?;
     exercise(Database::connect(&sleuth_testkit::postgres_url(&server)).await?).await
+}
+
+/// A database an older Sleuth made (its tables created at start, no
+/// migration history) with a run and an episode in it.
+async fn before_migrations(database: &Database) -> Result<()> {
+    for ddl in [
+        "CREATE TABLE runs (run_id TEXT PRIMARY KEY, spec TEXT NOT NULL, status INTEGER NOT NULL,
+            detail TEXT NOT NULL, created_unix BIGINT NOT NULL, updated_unix BIGINT NOT NULL)",
+        "CREATE TABLE run_episodes (run_id TEXT NOT NULL, episode_id TEXT NOT NULL, group_id TEXT NOT NULL,
+            task_id TEXT NOT NULL, outcome INTEGER NOT NULL, reward DOUBLE PRECISION NOT NULL,
+            ndcg DOUBLE PRECISION NOT NULL, turns BIGINT NOT NULL, tokens BIGINT NOT NULL,
+            policy_version BIGINT NOT NULL, PRIMARY KEY (run_id, episode_id))",
+        "INSERT INTO runs VALUES ('old', '', 2, 'from the last release', 1, 1)", // 2: running
+        "INSERT INTO run_episodes VALUES ('old', 'old-e0-q1-0', 'e0-q1', 'q1', 1, 0.75, 0.5, 3, 900, 4)",
+    ] {
+        sqlx::query(ddl).execute(database.pool()).await?;
+    }
+    Ok(())
+}
+
+/// An upgrade adds to existing tables in place: the old rows stay, the new
+/// column takes its default, new rows use it, and the history is recorded so
+/// the next start changes nothing; a database newer than the build is refused.
+async fn upgrade(database: Database) -> Result<()> {
+    before_migrations(&database).await?;
+    // Two services start together on one database (the learner and the orchestrator).
+    let (first, second) = tokio::join!(State::open(database.clone()), State::open(database.clone()));
+    let (state, _) = (first?, second?);
+    let old = state.run("old").await?.expect("the old run is kept");
+    assert_eq!((old.status, old.status_detail.as_str()), (RunStatus::Running as i32, "from the last release"));
+    let kept = state.episodes("old", 0, 10).await?;
+    assert_eq!(kept.len(), 1);
+    assert_eq!((kept[0].episode_id.as_str(), kept[0].reward, kept[0].turns), ("old-e0-q1-0", 0.75, 3));
+    assert_eq!(kept[0].metrics["ndcg@10"], 0.5);
+    assert_eq!(kept[0].trace_id, "", "episodes from before traces name none");
+
+    let traced = EpisodeSummary {
+        episode_id: "old-e1-q2-0".into(),
+        task_id: "q2".into(),
+        trace_id: "0af7651916cd43dd8448eb211c80319c".into(),
+        ..Default::default()
+    };
+    state.record_episode("old", "e1-q2", &traced).await?;
+    let page = state.episodes("old", 1, 10).await?;
+    assert_eq!(page.iter().map(|e| e.trace_id.as_str()).collect::<Vec<_>>(), ["0af7651916cd43dd8448eb211c80319c"]);
+
+    let versions: Vec<i64> =
+        sqlx::query_scalar("SELECT version FROM _sqlx_migrations ORDER BY version").fetch_all(database.pool()).await?;
+    let newest = sleuth_store::sql::MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0);
+    assert_eq!(versions, (1..=newest).collect::<Vec<_>>());
+    State::open(database.clone()).await?;
+
+    // A rollback to this build after a newer one migrated: refused by name.
+    let from_the_future = match database.engine() {
+        sleuth_store::sql::Engine::Sqlite => sqlx::query(
+            "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time)
+             VALUES (999, 'from the future', TRUE, X'00', 0)",
+        ),
+        sleuth_store::sql::Engine::Postgres => sqlx::query(
+            "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time)
+             VALUES (999, 'from the future', TRUE, decode('00', 'hex'), 0)",
+        ),
+    };
+    from_the_future.execute(database.pool()).await?;
+    let error = State::open(database).await.err().expect("a newer schema is refused").to_string();
+    assert!(error.contains("schema version 999") && error.contains("newer than this build"), "{error}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_old_sqlite_database_upgrades_with_its_rows_kept() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    upgrade(Database::open(&format!("sqlite://{}", dir.path().join("runs.db").display()))?).await
+}
+
+#[tokio::test]
+async fn an_old_postgres_database_upgrades_with_its_rows_kept() -> Result<()> {
+    let server = sleuth_testkit::postgres()?;
+    upgrade(Database::connect(&sleuth_testkit::postgres_url(&server)).await?).await
 }
