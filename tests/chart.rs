@@ -108,3 +108,80 @@ fn chart_renders_valid_manifests_with_known_settings() -> Result<()> {
     assert!(defaults.contains("kind: Secret"), "the chart creates the token secret when none is given");
     Ok(())
 }
+
+/// Names of the form `sleuth_<lowercase and _>` in `text`, in order.
+fn metric_names(text: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("sleuth_") {
+        let name: String =
+            rest[at..].chars().take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '_').collect();
+        rest = &rest[at + name.len()..];
+        names.push(name);
+    }
+    names
+}
+
+/// Every `.rs` file under `dir`, concatenated.
+fn sources(dir: &std::path::Path) -> Result<String> {
+    let mut text = String::new();
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.is_dir() {
+            text.push_str(&sources(&path)?);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            text.push_str(&std::fs::read_to_string(&path)?);
+        }
+    }
+    Ok(text)
+}
+
+/// The metrics reference (docs/observability.md), the Grafana dashboard
+/// (deploy/grafana/sleuth.json) and the services agree: the dashboard charts
+/// every listed metric and no other, every metric a service registers is
+/// listed, and the training panels read step metrics the learner records.
+#[test]
+fn the_dashboard_and_the_metrics_reference_match_the_services() -> Result<()> {
+    use std::collections::BTreeSet;
+    let doc = std::fs::read_to_string(sleuth_testkit::checkout_file("docs/observability.md"))?;
+    let listed: BTreeSet<String> =
+        doc.lines().filter(|l| l.starts_with("| `sleuth_")).flat_map(|l| metric_names(l).into_iter().take(1)).collect();
+    ensure!(listed.len() >= 20, "the reference lists {listed:?}");
+
+    let mut registered = BTreeSet::new();
+    for service in sleuth_tests::SERVICES {
+        let code = sources(&sleuth_testkit::checkout_file(&format!("services/{service}/src")))?;
+        for maker in ["counter(", "gauge(", "counter_vec(", "gauge_vec(", "histogram("] {
+            for (at, _) in code.match_indices(maker) {
+                let call = code[at + maker.len()..].trim_start();
+                if let Some(name) = call.strip_prefix('"').map(metric_names).and_then(|n| n.into_iter().next()) {
+                    registered.insert(name);
+                }
+            }
+        }
+    }
+    assert_eq!(listed, registered, "docs/observability.md lists exactly the metrics the services register");
+
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(sleuth_testkit::checkout_file("deploy/grafana/sleuth.json"))?)?;
+    let targets: Vec<&serde_json::Value> = dashboard["panels"]
+        .as_array()
+        .context("panels")?
+        .iter()
+        .flat_map(|p| p["targets"].as_array().into_iter().flatten())
+        .collect();
+    let charted: BTreeSet<String> = targets
+        .iter()
+        .filter_map(|t| t["expr"].as_str())
+        .flat_map(metric_names)
+        .map(|name| name.strip_suffix("_bucket").map(str::to_owned).unwrap_or(name))
+        .collect();
+    assert_eq!(charted, listed, "the dashboard charts every listed metric, and only those");
+
+    let recorded = serde_json::to_value(learner::trainer::StepStats::default())?;
+    for query in targets.iter().filter_map(|t| t["rawSql"].as_str()).filter(|q| q.contains("learner_steps")) {
+        let key = query.split("->>'").nth(1).and_then(|rest| rest.split('\'').next()).context("a step metric")?;
+        assert!(recorded.get(key).is_some(), "the dashboard charts {key:?}, which the learner does not record");
+    }
+    Ok(())
+}
