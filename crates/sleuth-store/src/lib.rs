@@ -6,6 +6,7 @@
 //! Each connection can be turned into a readiness [`sleuth_kit::Probe`], so a
 //! service reports NOT_SERVING until its stores answer.
 
+pub mod lease;
 pub mod object;
 pub mod redis;
 pub mod retry;
@@ -36,6 +37,12 @@ pub enum StoreError {
         #[source]
         source: sqlx::Error,
     },
+    /// Another process took a lease this one held (it expired while this
+    /// one was stuck): this one must stop acting in the lease's name.
+    #[error(
+        "lease {key} lost: {holder} held it, {now} holds it now; another process does this work now, so this one stops"
+    )]
+    LeaseLost { key: String, holder: String, now: String },
     /// The schema could not be brought to this build's version.
     #[error("migrating the database at {url} to schema version {version}: {message}")]
     Migrate { url: String, version: i64, message: String },
@@ -63,6 +70,7 @@ impl sleuth_kit::ServiceError for StoreError {
             StoreError::Redis { .. } | StoreError::Sql { .. } | StoreError::Object { .. } => ErrorKind::Unavailable,
             StoreError::Outside { .. } => ErrorKind::PermissionDenied,
             StoreError::Migrate { .. } => ErrorKind::FailedPrecondition,
+            StoreError::LeaseLost { .. } => ErrorKind::Aborted,
             StoreError::Io { .. } => ErrorKind::Internal,
         }
     }

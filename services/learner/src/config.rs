@@ -52,6 +52,13 @@ pub struct Config {
     #[arg(long, env = "SLEUTH_FAULT_PATIENCE", default_value = "2m", value_parser = humantime::parse_duration)]
     pub fault_patience: std::time::Duration,
 
+    /// How long the run's learner lease lasts unless renewed (every quarter
+    /// of it). One learner trains a run at a time: another waits for the
+    /// lease; a learner that was stuck longer than this finds its lease
+    /// taken and stops.
+    #[arg(long, env = "SLEUTH_LEASE_TTL", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub lease_ttl: std::time::Duration,
+
     #[command(flatten)]
     pub database: DatabaseArgs,
 

@@ -110,6 +110,8 @@ pub struct Sources {
     pub redis: RedisStore,
     /// How long Redis may be unreachable before the learner stops with an error.
     pub patience: std::time::Duration,
+    /// How long the run's learner lease lasts unless renewed.
+    pub lease_ttl: std::time::Duration,
     pub checkpoints: ObjectStore,
     /// Checkpoints kept besides the best by validation (0: all; see [`checkpoint::prune`]).
     pub keep_checkpoints: usize,
@@ -179,6 +181,13 @@ pub async fn lead(
     progress: SharedProgress,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> Result<(), Error> {
+    // One learner per run: wait for the lease before touching the run.
+    let Some(lease) = crate::fence::take(&sources, &plan.run_id, &mut stop).await? else {
+        let (_trainer, stopped) = blocking(trainer, |t| t.collective.broadcast(Command::Stop.encode())).await?;
+        stopped?;
+        return Ok(());
+    };
+    let _renewing = lease.keep_alive();
     let (resumed, mut meta) = resume(trainer, &sources.checkpoints).await?;
     trainer = resumed;
     sources.database.migrate().await?;
@@ -220,6 +229,8 @@ pub async fn lead(
             let entry = match queue.pop_front() {
                 Some(entry) => entry,
                 None => {
+                    // Only the lease's holder takes groups off the stream.
+                    lease.renew().await?;
                     let fresh = read_fresh(&consumer, plan.global_batch_size, &uncommitted, patience).await?;
                     if fresh.is_empty() {
                         if last_reconcile.elapsed() >= RECONCILE {
@@ -274,7 +285,9 @@ pub async fn lead(
                 }
                 let taken = tally.apply(&mut meta);
                 crate::records::record_groups(&sources.database, &plan.run_id, &taken).await?;
+                lease.renew().await?;
                 trainer = save_checkpoint(trainer, &sources, &meta).await?;
+                lease.renew().await?;
                 commit_trained(&consumer, &mut uncommitted, &meta, patience).await?;
                 let mut p = progress.lock().expect("progress");
                 p.meta = meta.clone();
@@ -307,6 +320,7 @@ pub async fn lead(
             blocking(trainer, move |t| publishing.then(|| crate::publish::update_requests(step, &t.named_tensors())))
                 .await?;
         trainer = t;
+        lease.renew().await?;
         let published = crate::publish::publish_step(update, &sources, stats.step).await;
         announce(&sources, &plan.run_id, stats.step, meta.groups_taken()).await?;
         let extra = serde_json::json!({
@@ -332,7 +346,9 @@ pub async fn lead(
         }
         let last = run_over || (plan.max_steps != 0 && meta.step >= plan.max_steps);
         if meta.step % plan.checkpoint_every.max(1) == 0 || last {
+            lease.renew().await?;
             trainer = save_checkpoint(trainer, &sources, &meta).await?;
+            lease.renew().await?;
             commit_trained(&consumer, &mut uncommitted, &meta, patience).await?;
             progress.lock().expect("progress").last_checkpoint_step = meta.step;
         }
@@ -342,12 +358,17 @@ pub async fn lead(
     }
     // Stopped early: keep the steps trained since the last checkpoint.
     if meta.step > progress.lock().expect("progress").last_checkpoint_step.max(checkpointed_at_start) {
+        lease.renew().await?;
         trainer = save_checkpoint(trainer, &sources, &meta).await?;
+        lease.renew().await?;
         commit_trained(&consumer, &mut uncommitted, &meta, patience).await?;
         progress.lock().expect("progress").last_checkpoint_step = meta.step;
     }
     let (_trainer, stopped) = blocking(trainer, |t| t.collective.broadcast(Command::Stop.encode())).await?;
     stopped?;
+    if let Err(error) = lease.release().await {
+        tracing::warn!(%error, "the run's lease was not released; the next learner waits for it to expire");
+    }
     progress.lock().expect("progress").finished = true;
     Ok(())
 }

@@ -14,6 +14,7 @@ pub mod batch;
 pub mod checkpoint;
 pub mod collective;
 pub mod config;
+mod fence;
 pub mod imprint;
 pub mod intake;
 pub mod learn;
@@ -298,6 +299,7 @@ pub async fn run(
         let sources = Sources {
             redis: redis.clone(),
             patience: config.fault_patience,
+            lease_ttl: config.lease_ttl,
             checkpoints: checkpoints.clone(),
             keep_checkpoints: config.keep_checkpoints,
             database: database.clone(),

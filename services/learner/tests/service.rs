@@ -518,3 +518,90 @@ async fn a_policy_server_that_missed_a_version_gets_the_current_weights() -> Res
     }
     Ok(())
 }
+
+/// One learner per run. A second learner for a run waits for the first's
+/// lease, naming who holds it, and trains nothing. When the first freezes
+/// past its lease (a stuck pod), the second takes over from the last
+/// checkpoint and finishes the run; the first, woken, stops at its next act
+/// instead of training on. Every group is trained once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_learner_waits_and_a_stuck_one_is_fenced_off() -> Result<()> {
+    let scratch = tempfile::tempdir()?;
+    let (env, _redis_server) = Env::start(scratch.path())?;
+    let redis = RedisStore::open(&env.redis_url)?;
+    let entries = entries();
+    let first_three = 3 * BATCH + 2; // + the corrupt and the flat entries
+    for entry in &entries[..first_three] {
+        publish(&redis, "fenced", entry).await?;
+    }
+    let dir = scratch.path().join("fenced");
+    let log = |name: &str| scratch.path().join(name);
+    let start = |name: &str| -> Result<Child> {
+        let mut command = learner_command(&env, "fenced", &dir, STEPS)?;
+        command.env("SLEUTH_LEASE_TTL", "2s").env("SLEUTH_LOG", "info").stderr(std::fs::File::create(log(name))?);
+        Ok(command.spawn()?)
+    };
+    let read = |name: &str| std::fs::read_to_string(log(name)).unwrap_or_default();
+    let wait_for = async |what: &str, done: &dyn Fn() -> bool| -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while !done() {
+            ensure!(
+                Instant::now() < deadline,
+                "{what} did not happen; first:\n{}\nsecond:\n{}",
+                read("first"),
+                read("second")
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(())
+    };
+
+    let mut first = start("first")?;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !recorded_steps(&env.database, "fenced").await?.contains(&3) {
+        ensure!(Instant::now() < deadline && first.try_wait()?.is_none(), "the first learner never reached step 3");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut second = start("second")?;
+    let first_pid = format!("pid-{}", first.id());
+    wait_for("the second learner waiting for the first", &|| {
+        let second = read("second");
+        second.contains("waiting for its lease") && second.contains(&first_pid)
+    })
+    .await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(recorded_steps(&env.database, "fenced").await?, [1, 2, 3], "the second learner trains nothing");
+
+    // The first freezes: its lease runs out and the second takes the run over.
+    let signal = |name: &str, child: &Child| Command::new("kill").args([name, &child.id().to_string()]).status();
+    ensure!(signal("-STOP", &first)?.success());
+    wait_for("the second learner taking the lease", &|| read("second").contains("took the run's learner lease"))
+        .await?;
+    for entry in &entries[first_three..] {
+        publish(&redis, "fenced", entry).await?;
+    }
+    tokio::task::block_in_place(|| wait_exit(&mut second, Duration::from_secs(120)))?;
+
+    // Woken, the first finds the run gone from under it and stops.
+    ensure!(signal("-CONT", &first)?.success());
+    let status = tokio::task::block_in_place(|| -> Result<std::process::ExitStatus> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = first.try_wait()? {
+                return Ok(status);
+            }
+            ensure!(Instant::now() < deadline, "the woken learner did not stop:\n{}", read("first"));
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    })?;
+    assert!(!status.success(), "a fenced-off learner fails");
+    assert!(read("first").contains("lost"), "it says why:\n{}", read("first"));
+
+    let consumer = GroupConsumer::open(redis.clone(), "fenced", "inspector").await?;
+    assert_eq!(consumer.backlog().await?, (0, 0), "nothing left unacknowledged");
+    let meta: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join(format!("step-{STEPS:08}/meta.json")))?)?;
+    assert_eq!((meta["groups_consumed"].as_u64(), meta["groups_rejected"].as_u64()), (Some(12), Some(1)));
+    assert_eq!(recorded_steps(&env.database, "fenced").await?, (1..=STEPS).collect::<Vec<_>>());
+    Ok(())
+}
