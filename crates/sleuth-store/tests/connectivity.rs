@@ -110,3 +110,40 @@ async fn s3_object_store_against_real_server() -> Result<()> {
     assert_eq!(bucket_root.list("runs/r1/index/").await?, ["runs/r1/index/bm25/meta.json"]);
     Ok(())
 }
+
+/// A lease has one holder: a second taker waits, told who holds it; a
+/// holder whose lease expired and was taken fails to renew, naming the new
+/// holder; a release frees it at once.
+#[tokio::test]
+async fn a_lease_has_one_holder_at_a_time() -> Result<()> {
+    use sleuth_store::lease::Lease;
+    use std::time::Duration;
+    let server = sleuth_testkit::redis()?;
+    let redis = RedisStore::connect(&sleuth_testkit::redis_url(&server)).await?;
+    let ttl = Duration::from_millis(600);
+    let first = Lease::acquire(redis.clone(), "lease:test".into(), "first".into(), ttl, |_| {}).await?;
+    first.renew().await?;
+
+    // The second waits until the first's lease runs out, hearing who holds it.
+    let mut heard = Vec::new();
+    let second = Lease::acquire(redis.clone(), "lease:test".into(), "second".into(), ttl, |held| {
+        heard.push(held.holder.clone());
+    })
+    .await?;
+    assert!(!heard.is_empty() && heard.iter().all(|h| h == "first"), "{heard:?}");
+
+    match first.renew().await {
+        Err(StoreError::LeaseLost { now, .. }) => assert_eq!(now, "second"),
+        other => panic!("the expired holder renewed: {other:?}"),
+    }
+    first.release().await?; // not its lease any more: a no-op
+    second.renew().await?;
+
+    // Released, it is free at once.
+    second.release().await?;
+    let started = std::time::Instant::now();
+    let third = Lease::acquire(redis.clone(), "lease:test".into(), "third".into(), ttl, |_| {}).await?;
+    assert!(started.elapsed() < ttl / 2, "a released lease is taken without waiting");
+    third.renew().await?;
+    Ok(())
+}
