@@ -35,11 +35,12 @@ fn validate(manifests: &str) -> Result<()> {
     Ok(())
 }
 
-/// (binary, SLEUTH_* variable names, readiness gRPC service) of each Deployment.
+/// (binary, SLEUTH_* variable names, readiness gRPC service) of each
+/// Deployment or StatefulSet (the learner's ranks).
 fn deployments(manifests: &str) -> Vec<(String, Vec<String>, Option<String>)> {
     manifests
         .split("\n---")
-        .filter(|doc| doc.contains("\nkind: Deployment"))
+        .filter(|doc| doc.contains("\nkind: Deployment") || doc.contains("\nkind: StatefulSet"))
         .map(|doc| {
             let binary = doc
                 .lines()
@@ -76,7 +77,7 @@ fn chart_renders_valid_manifests_with_known_settings() -> Result<()> {
         binaries.sort();
         let mut expected = sleuth_tests::SERVICES.to_vec();
         expected.sort();
-        assert_eq!(binaries, expected, "one Deployment per service");
+        assert_eq!(binaries, expected, "one workload per service");
 
         for (binary, env, probe) in &found {
             let help = Command::new(sleuth_tests::binary(binary)?).arg("--help").output()?;
@@ -183,5 +184,51 @@ fn the_dashboard_and_the_metrics_reference_match_the_services() -> Result<()> {
         let key = query.split("->>'").nth(1).and_then(|rest| rest.split('\'').next()).context("a step metric")?;
         assert!(recorded.get(key).is_some(), "the dashboard charts {key:?}, which the learner does not record");
     }
+    Ok(())
+}
+
+/// A multi-rank learner renders as a StatefulSet whose pods take their rank
+/// from their ordinal, the world size from the replica count and rank 0's
+/// stable name (through a headless Service that names pods before they are
+/// ready) as the rendezvous; a single learner sets no rank variables.
+#[test]
+fn a_multi_rank_learner_is_a_statefulset_whose_pods_know_their_rank() -> Result<()> {
+    let manifests = helm_template(&["components.learner.replicas=3", "components.learner.collectivePort=29501"])?;
+    validate(&manifests)?;
+    let docs: Vec<&str> = manifests.split("\n---").collect();
+    let learner = docs
+        .iter()
+        .find(|d| d.contains("\nkind: StatefulSet") && d.contains("name: ci-release-learner\n"))
+        .context("the learner's StatefulSet")?;
+    for line in [
+        "replicas: 3",
+        "serviceName: ci-release-learner-ranks",
+        "podManagementPolicy: Parallel",
+        "fieldPath: metadata.labels['apps.kubernetes.io/pod-index']",
+        "containerPort: 29501",
+    ] {
+        assert!(learner.lines().any(|l| l.trim() == line), "{line:?} missing from\n{learner}");
+    }
+    let env = |name: &str| {
+        let at = learner.find(&format!("- name: {name}\n"))?;
+        learner[at..].lines().nth(1).map(|l| l.trim().to_owned())
+    };
+    assert_eq!(env("RANK").as_deref(), Some("valueFrom:"));
+    assert_eq!(env("WORLD_SIZE").as_deref(), Some("value: \"3\""));
+    assert_eq!(
+        env("MASTER_ADDR").as_deref(),
+        Some("value: \"ci-release-learner-0.ci-release-learner-ranks.default.svc.cluster.local\"")
+    );
+    assert_eq!(env("MASTER_PORT").as_deref(), Some("value: \"29501\""));
+    let ranks = docs
+        .iter()
+        .find(|d| d.contains("\nkind: Service") && d.contains("name: ci-release-learner-ranks\n"))
+        .context("the ranks' headless Service")?;
+    for line in ["clusterIP: None", "publishNotReadyAddresses: true", "port: 29501"] {
+        assert!(ranks.lines().any(|l| l.trim() == line), "{line:?} missing from\n{ranks}");
+    }
+
+    let single = helm_template(&[])?;
+    assert!(!single.contains("name: RANK"), "one learner needs no rendezvous");
     Ok(())
 }
