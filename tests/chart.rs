@@ -232,3 +232,22 @@ fn a_multi_rank_learner_is_a_statefulset_whose_pods_know_their_rank() -> Result<
     assert!(!single.contains("name: RANK"), "one learner needs no rendezvous");
     Ok(())
 }
+
+/// `helm lint --strict` passes, and values.schema.json turns away a wrong
+/// type, a misspelt key and a bad run id, naming each.
+#[test]
+fn the_values_schema_rejects_bad_values_by_name() -> Result<()> {
+    let lint = Command::new(find_tool("helm")?).args(["lint", "--strict"]).arg(chart_dir()).output()?;
+    ensure!(lint.status.success(), "helm lint --strict: {}", String::from_utf8_lossy(&lint.stdout));
+    for (set, named) in [
+        ("components.learner.replicas=three", "/components/learner/replicas"),
+        ("components.agent.replicass=3", "replicass"),
+        ("components.learner.runId=../other", "/components/learner/runId"),
+        ("telemetry.otlpEndpoint=collector:4317", "/telemetry/otlpEndpoint"),
+        ("components.policyServer.device=gpu", "/components/policyServer/device"),
+    ] {
+        let error = helm_template(&[set]).err().with_context(|| format!("{set} was accepted"))?.to_string();
+        assert!(error.contains(named), "{set}: {error}");
+    }
+    Ok(())
+}
