@@ -11,8 +11,17 @@ fn chart_dir() -> std::path::PathBuf {
 }
 
 fn helm_template(sets: &[&str]) -> Result<String> {
+    helm_template_with(None, sets)
+}
+
+/// `helm template` with the chart's example values file `values` (e.g.
+/// `values-l40s.yaml`) on top of the defaults, then `sets`.
+fn helm_template_with(values: Option<&str>, sets: &[&str]) -> Result<String> {
     let mut command = Command::new(find_tool("helm")?);
     command.args(["template", "ci-release"]).arg(chart_dir());
+    if let Some(values) = values {
+        command.arg("-f").arg(chart_dir().join(values));
+    }
     for set in sets {
         command.args(["--set", set]);
     }
@@ -249,5 +258,27 @@ fn the_values_schema_rejects_bad_values_by_name() -> Result<()> {
         let error = helm_template(&[set]).err().with_context(|| format!("{set} was accepted"))?.to_string();
         assert!(error.contains(named), "{set}: {error}");
     }
+    Ok(())
+}
+
+/// The example values for L40S nodes render valid manifests that put one GPU
+/// under each policy server and learner rank, on L40S nodes with the nvidia
+/// runtime, and nothing GPU-bound elsewhere.
+#[test]
+fn the_l40s_values_schedule_policy_servers_and_learner_ranks_on_gpus() -> Result<()> {
+    let manifests = helm_template_with(Some("values-l40s.yaml"), &[])?;
+    validate(&manifests)?;
+    for doc in
+        manifests.split("\n---").filter(|d| d.contains("\nkind: Deployment") || d.contains("\nkind: StatefulSet"))
+    {
+        let gpu = doc.contains("name: ci-release-policy-server\n") || doc.contains("name: ci-release-learner\n");
+        for line in ["nvidia.com/gpu: 1", "nvidia.com/gpu.product: NVIDIA-L40S", "runtimeClassName: nvidia"] {
+            assert_eq!(doc.lines().any(|l| l.trim() == line), gpu, "{line:?} in\n{doc}");
+        }
+        if gpu {
+            assert!(doc.contains("value: \"cuda\""), "SLEUTH_DEVICE cuda in\n{doc}");
+        }
+    }
+    assert!(manifests.contains("name: WORLD_SIZE"), "two learner ranks rendezvous");
     Ok(())
 }
