@@ -11,9 +11,20 @@ use std::time::Duration;
 
 use crate::{RedisStore, StoreError};
 
-/// Extends the lease only while `holder` still holds it; returns 1 when it did.
-const RENEW: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then \
-    return redis.call('PEXPIRE', KEYS[1], ARGV[2]) else return 0 end";
+/// Takes the lease if free and counts the taking in the epoch key (kept
+/// without expiry); returns the new epoch, or false when someone holds it.
+const TAKE: &str = "if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then \
+    return redis.call('INCR', KEYS[2]) else return false end";
+
+/// Extends the lease while `holder` holds it. One that expired (Redis was
+/// unreachable for longer than the TTL) is taken back when nobody took the
+/// lease since this holder did (the epoch is still its own): nobody else
+/// can have acted in between. Returns 1 when the lease is held.
+const RENEW: &str = "local now = redis.call('GET', KEYS[1]) \
+    if now == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end \
+    if not now and redis.call('GET', KEYS[2]) == ARGV[3] then \
+        redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1 end \
+    return 0";
 
 /// Deletes the lease only while `holder` still holds it.
 const RELEASE: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then \
@@ -56,6 +67,8 @@ pub struct Lease {
     key: String,
     holder: String,
     ttl: Duration,
+    /// How many times the lease had been taken when this holder took it.
+    epoch: i64,
 }
 
 impl Lease {
@@ -69,30 +82,37 @@ impl Lease {
         ttl: Duration,
         mut waiting: impl FnMut(&Held),
     ) -> Result<Self, StoreError> {
-        let lease = Self { redis, key, holder, ttl };
+        let mut lease = Self { redis, key, holder, ttl, epoch: 0 };
         loop {
             match lease.try_take().await? {
-                None => return Ok(lease),
-                Some(held) => waiting(&held),
+                Ok(epoch) => {
+                    lease.epoch = epoch;
+                    return Ok(lease);
+                }
+                Err(held) => waiting(&held),
             }
             tokio::time::sleep((ttl / 4).min(Duration::from_secs(1))).await;
         }
     }
 
-    /// Takes the lease if it is free; otherwise says who holds it.
-    async fn try_take(&self) -> Result<Option<Held>, StoreError> {
+    /// Where the lease's takings are counted.
+    fn epoch_key(&self) -> String {
+        format!("{}:epoch", self.key)
+    }
+
+    /// Takes the lease if it is free (its new epoch); otherwise says who holds it.
+    async fn try_take(&self) -> Result<Result<i64, Held>, StoreError> {
         let mut connection = self.redis.connection().await?;
-        let taken: Option<String> = redis::cmd("SET")
-            .arg(&self.key)
+        let taken: Option<i64> = redis::Script::new(TAKE)
+            .key(&self.key)
+            .key(self.epoch_key())
             .arg(&self.holder)
-            .arg("NX")
-            .arg("PX")
             .arg(self.ttl.as_millis() as u64)
-            .query_async(&mut connection)
+            .invoke_async(&mut connection)
             .await
             .map_err(|source| self.failed(source))?;
-        if taken.is_some() {
-            return Ok(None);
+        if let Some(epoch) = taken {
+            return Ok(Ok(epoch));
         }
         let (holder, left): (Option<String>, i64) = redis::pipe()
             .get(&self.key)
@@ -100,21 +120,24 @@ impl Lease {
             .query_async(&mut connection)
             .await
             .map_err(|source| self.failed(source))?;
-        Ok(Some(Held {
+        Ok(Err(Held {
             holder: holder.unwrap_or_else(|| "(just released)".to_owned()),
             expires_in: Duration::from_millis(left.max(0) as u64),
         }))
     }
 
     /// Extends the lease by its TTL; fails with [`StoreError::LeaseLost`]
-    /// when another process holds it now (it expired while this one was
-    /// stuck). Call it right before each act only the holder may do.
+    /// when another process took it since this one did (it expired while
+    /// this one was stuck). Call it right before each act only the holder
+    /// may do.
     pub async fn renew(&self) -> Result<(), StoreError> {
         let mut connection = self.redis.connection().await?;
         let renewed: i64 = redis::Script::new(RENEW)
             .key(&self.key)
+            .key(self.epoch_key())
             .arg(&self.holder)
             .arg(self.ttl.as_millis() as u64)
+            .arg(self.epoch)
             .invoke_async(&mut connection)
             .await
             .map_err(|source| self.failed(source))?;
@@ -136,8 +159,13 @@ impl Lease {
     /// Renews the lease every quarter of its TTL until dropped; failures are
     /// left to the next [`Lease::renew`] before an act to report.
     pub fn keep_alive(&self) -> KeepAlive {
-        let lease =
-            Self { redis: self.redis.clone(), key: self.key.clone(), holder: self.holder.clone(), ttl: self.ttl };
+        let lease = Self {
+            redis: self.redis.clone(),
+            key: self.key.clone(),
+            holder: self.holder.clone(),
+            ttl: self.ttl,
+            epoch: self.epoch,
+        };
         KeepAlive(tokio::spawn(async move {
             loop {
                 tokio::time::sleep(lease.ttl / 4).await;

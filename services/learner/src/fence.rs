@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant};
 
 use sleuth_store::lease::{self, Held, Lease};
-use sleuth_store::patiently;
+use sleuth_store::{StoreError, patiently};
 
 use crate::Error;
 use crate::learn::Sources;
@@ -59,6 +59,22 @@ async fn stopped(stop: &mut tokio::sync::watch::Receiver<bool>) {
     while !*stop.borrow() {
         if stop.changed().await.is_err() {
             std::future::pending::<()>().await;
+        }
+    }
+}
+
+/// Renews the lease right before an act only its holder may do. Redis
+/// being unreachable is ridden out for `patience`, as every other store
+/// call of the learner is; a lease another learner took since is not.
+pub(crate) async fn hold(lease: &Lease, patience: Duration) -> Result<(), Error> {
+    let started = Instant::now();
+    loop {
+        match lease.renew().await {
+            Err(error @ StoreError::Redis { .. }) if started.elapsed() < patience => {
+                tracing::warn!(%error, "cannot renew the run's learner lease; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            other => return Ok(other?),
         }
     }
 }

@@ -230,7 +230,7 @@ pub async fn lead(
                 Some(entry) => entry,
                 None => {
                     // Only the lease's holder takes groups off the stream.
-                    lease.renew().await?;
+                    crate::fence::hold(&lease, patience).await?;
                     let fresh = read_fresh(&consumer, plan.global_batch_size, &uncommitted, patience).await?;
                     if fresh.is_empty() {
                         if last_reconcile.elapsed() >= RECONCILE {
@@ -285,9 +285,9 @@ pub async fn lead(
                 }
                 let taken = tally.apply(&mut meta);
                 crate::records::record_groups(&sources.database, &plan.run_id, &taken).await?;
-                lease.renew().await?;
+                crate::fence::hold(&lease, patience).await?;
                 trainer = save_checkpoint(trainer, &sources, &meta).await?;
-                lease.renew().await?;
+                crate::fence::hold(&lease, patience).await?;
                 commit_trained(&consumer, &mut uncommitted, &meta, patience).await?;
                 let mut p = progress.lock().expect("progress");
                 p.meta = meta.clone();
@@ -320,7 +320,7 @@ pub async fn lead(
             blocking(trainer, move |t| publishing.then(|| crate::publish::update_requests(step, &t.named_tensors())))
                 .await?;
         trainer = t;
-        lease.renew().await?;
+        crate::fence::hold(&lease, patience).await?;
         let published = crate::publish::publish_step(update, &sources, stats.step).await;
         announce(&sources, &plan.run_id, stats.step, meta.groups_taken()).await?;
         let extra = serde_json::json!({
@@ -346,9 +346,9 @@ pub async fn lead(
         }
         let last = run_over || (plan.max_steps != 0 && meta.step >= plan.max_steps);
         if meta.step % plan.checkpoint_every.max(1) == 0 || last {
-            lease.renew().await?;
+            crate::fence::hold(&lease, patience).await?;
             trainer = save_checkpoint(trainer, &sources, &meta).await?;
-            lease.renew().await?;
+            crate::fence::hold(&lease, patience).await?;
             commit_trained(&consumer, &mut uncommitted, &meta, patience).await?;
             progress.lock().expect("progress").last_checkpoint_step = meta.step;
         }
@@ -358,9 +358,9 @@ pub async fn lead(
     }
     // Stopped early: keep the steps trained since the last checkpoint.
     if meta.step > progress.lock().expect("progress").last_checkpoint_step.max(checkpointed_at_start) {
-        lease.renew().await?;
+        crate::fence::hold(&lease, patience).await?;
         trainer = save_checkpoint(trainer, &sources, &meta).await?;
-        lease.renew().await?;
+        crate::fence::hold(&lease, patience).await?;
         commit_trained(&consumer, &mut uncommitted, &meta, patience).await?;
         progress.lock().expect("progress").last_checkpoint_step = meta.step;
     }
