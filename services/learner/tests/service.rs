@@ -140,6 +140,17 @@ async fn recorded_steps(database: &str, run: &str) -> Result<Vec<u64>> {
     Ok(learner::records::steps(&db, run).await?.into_iter().map(|(step, _)| step).collect())
 }
 
+/// Waits (up to two minutes) until `child`, a learner of `run`, has recorded `step`; fails if it exits first.
+async fn until_step(env: &Env, run: &str, step: u64, child: &mut Child) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !recorded_steps(&env.database, run).await?.contains(&step) {
+        ensure!(Instant::now() < deadline, "learner of {run} never reached step {step}");
+        ensure!(child.try_wait()?.is_none(), "learner of {run} exited before step {step}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
+}
+
 fn final_params(checkpoints: &Path) -> Result<Vec<(String, Tensor)>> {
     let path = checkpoints.join(format!("step-{STEPS:08}/hf/model.safetensors"));
     let mut tensors = Tensor::read_safetensors(&path).with_context(|| path.display().to_string())?;
@@ -169,12 +180,7 @@ async fn a_killed_learner_resumes_to_the_uninterrupted_result() -> Result<()> {
     }
     let crashed_dir = scratch.path().join("crashed");
     let mut child = learner(&env, "crashed", &crashed_dir)?;
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while !recorded_steps(&env.database, "crashed").await?.contains(&3) {
-        ensure!(Instant::now() < deadline, "learner never reached step 3");
-        ensure!(child.try_wait()?.is_none(), "learner exited early");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until_step(&env, "crashed", 3, &mut child).await?;
     child.kill()?; // SIGKILL: no chance to checkpoint or acknowledge
     child.wait()?;
     let consumer = GroupConsumer::open(redis.clone(), "crashed", "inspector").await?;
@@ -557,11 +563,7 @@ async fn a_second_learner_waits_and_a_stuck_one_is_fenced_off() -> Result<()> {
     };
 
     let mut first = start("first")?;
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while !recorded_steps(&env.database, "fenced").await?.contains(&3) {
-        ensure!(Instant::now() < deadline && first.try_wait()?.is_none(), "the first learner never reached step 3");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until_step(&env, "fenced", 3, &mut first).await?;
     let mut second = start("second")?;
     let first_pid = format!("pid-{}", first.id());
     wait_for("the second learner waiting for the first", &|| {
