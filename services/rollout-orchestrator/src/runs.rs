@@ -195,7 +195,7 @@ impl Runner {
                     .await?
                 {
                     // Published before a crash, not yet recorded: record, never republish.
-                    self.durable("recording a group", || self.state.record_group(run_id, &group_id, "", 0.0, 0))
+                    self.durable("recording a group", || self.state.record_group(run_id, &group_id, "", 0.0, 0, None))
                         .await?;
                     self.update(run_id, |p| p.groups_published += 1);
                     continue;
@@ -338,7 +338,7 @@ impl Runner {
             .await?;
         let stream_id = published.map(|id| id.to_string()).unwrap_or_default();
         self.durable("recording a group", || {
-            self.state.record_group(run_id, &group_id, &stream_id, reward_mean, version)
+            self.state.record_group(run_id, &group_id, &stream_id, reward_mean, version, Some(&encoded))
         })
         .await?;
         self.update(run_id, |p| p.groups_published += 1);

@@ -4,6 +4,7 @@
 //! store's migrations (`sleuth_store::sql::MIGRATOR`).
 
 use prost::Message;
+use sleuth_proto::common::v1::TrajectoryGroup;
 use sleuth_proto::rollout::v1::{EpisodeSummary, Run, RunSpec, RunStatus, Validation, VersionStats};
 use sleuth_store::{Database, StoreError};
 use sqlx::Row;
@@ -119,6 +120,9 @@ impl State {
         rows.iter().map(|r| Self::run_from(r).map_err(|e| self.error(e))).collect()
     }
 
+    /// Records a published group, with its trajectories (the encoded
+    /// `TrajectoryGroup`) when known: a group found published after a crash
+    /// is recorded without them.
     pub async fn record_group(
         &self,
         run_id: &str,
@@ -126,20 +130,43 @@ impl State {
         stream_id: &str,
         reward_mean: f64,
         version: u64,
+        trajectories: Option<&[u8]>,
     ) -> Result<(), StoreError> {
         sqlx::query(
-            "INSERT INTO run_groups (run_id, group_id, stream_id, reward_mean, policy_version) VALUES ($1, $2, $3, $4, $5)
-             ON CONFLICT (run_id, group_id) DO NOTHING",
+            "INSERT INTO run_groups (run_id, group_id, stream_id, reward_mean, policy_version, trajectory)
+             VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (run_id, group_id) DO NOTHING",
         )
         .bind(run_id)
         .bind(group_id)
         .bind(stream_id)
         .bind(reward_mean)
         .bind(version as i64)
+        .bind(trajectories)
         .execute(self.db.pool())
         .await
         .map_err(|e| self.error(e))?;
         Ok(())
+    }
+
+    /// The trajectories of a published group; None when the group is not
+    /// (yet) published or was recorded before trajectories were kept.
+    pub async fn group_trajectories(&self, run_id: &str, group_id: &str) -> Result<Option<TrajectoryGroup>, StoreError> {
+        let encoded: Option<Option<Vec<u8>>> =
+            sqlx::query_scalar("SELECT trajectory FROM run_groups WHERE run_id = $1 AND group_id = $2")
+                .bind(run_id)
+                .bind(group_id)
+                .fetch_optional(self.db.pool())
+                .await
+                .map_err(|e| self.error(e))?;
+        encoded
+            .flatten()
+            .map(|bytes| {
+                TrajectoryGroup::decode(bytes.as_slice()).map_err(|e| StoreError::Object {
+                    store: self.db.url().to_owned(),
+                    message: format!("group {group_id:?} of run {run_id:?} is not a TrajectoryGroup: {e}"),
+                })
+            })
+            .transpose()
     }
 
     pub async fn published_groups(&self, run_id: &str) -> Result<Vec<String>, StoreError> {

@@ -4,6 +4,8 @@
 
 use anyhow::Result;
 use rollout_orchestrator::state::State;
+use prost::Message;
+use sleuth_proto::common::v1::{Episode, TrajectoryGroup};
 use sleuth_proto::rollout::v1::{EpisodeSummary, RunSpec, RunStatus};
 use sleuth_store::Database;
 
@@ -24,9 +26,23 @@ async fn exercise(database: Database) -> Result<()> {
     assert_eq!(state.runs(0, 10).await?.len(), 2);
     assert_eq!(state.runs(1, 10).await?.len(), 1);
 
-    state.record_group("r1", "e0-q1", "1-0", 0.5, 3).await?;
-    state.record_group("r1", "e0-q1", "1-0", 0.5, 3).await?;
-    assert_eq!(state.published_groups("r1").await?, ["e0-q1"]);
+    let group = TrajectoryGroup {
+        run_id: "r1".into(),
+        group_id: "e0-q1".into(),
+        episodes: vec![Episode { episode_id: "r1-e0-q1-0".into(), reward: 0.5, ..Default::default() }],
+        policy_version: 3,
+        ..Default::default()
+    };
+    let encoded = group.encode_to_vec();
+    state.record_group("r1", "e0-q1", "1-0", 0.5, 3, Some(&encoded)).await?;
+    state.record_group("r1", "e0-q1", "1-0", 0.5, 3, Some(&encoded)).await?;
+    state.record_group("r1", "e0-q2", "", 0.0, 0, None).await?; // found published after a crash
+    let mut published = state.published_groups("r1").await?;
+    published.sort();
+    assert_eq!(published, ["e0-q1", "e0-q2"]);
+    assert_eq!(state.group_trajectories("r1", "e0-q1").await?, Some(group), "the trajectories are kept");
+    assert_eq!(state.group_trajectories("r1", "e0-q2").await?, None);
+    assert_eq!(state.group_trajectories("r1", "e9-q9").await?, None);
     let summary = EpisodeSummary { episode_id: "ep".into(), task_id: "q1".into(), reward: 0.5, ..Default::default() };
     state.record_episode("r1", "e0-q1", &summary).await?;
     state.record_episode("r1", "e0-q1", &summary).await?;
