@@ -4,7 +4,7 @@
 //! store's migrations (`sleuth_store::sql::MIGRATOR`).
 
 use prost::Message;
-use sleuth_proto::common::v1::TrajectoryGroup;
+use sleuth_proto::common::v1::{EpisodeOutcome, TrajectoryGroup};
 use sleuth_proto::rollout::v1::{EpisodeSummary, Run, RunSpec, RunStatus, Validation, VersionStats};
 use sleuth_store::{Database, StoreError};
 use sqlx::Row;
@@ -150,7 +150,11 @@ impl State {
 
     /// The trajectories of a published group; None when the group is not
     /// (yet) published or was recorded before trajectories were kept.
-    pub async fn group_trajectories(&self, run_id: &str, group_id: &str) -> Result<Option<TrajectoryGroup>, StoreError> {
+    pub async fn group_trajectories(
+        &self,
+        run_id: &str,
+        group_id: &str,
+    ) -> Result<Option<TrajectoryGroup>, StoreError> {
         let encoded: Option<Option<Vec<u8>>> =
             sqlx::query_scalar("SELECT trajectory FROM run_groups WHERE run_id = $1 AND group_id = $2")
                 .bind(run_id)
@@ -178,13 +182,17 @@ impl State {
         rows.iter().map(|r| r.try_get::<String, _>("group_id").map_err(|e| self.error(e))).collect()
     }
 
+    /// Records an episode's summary and adds it to its version's sums
+    /// ([`State::outcomes`]), in one transaction; a repeat changes nothing.
     pub async fn record_episode(
         &self,
         run_id: &str,
         group_id: &str,
         summary: &EpisodeSummary,
     ) -> Result<(), StoreError> {
-        sqlx::query(
+        let ndcg = summary.metrics.get("ndcg@10").copied().unwrap_or(0.0);
+        let mut transaction = self.db.pool().begin().await.map_err(|e| self.error(e))?;
+        let inserted = sqlx::query(
             "INSERT INTO run_episodes (run_id, episode_id, group_id, task_id, outcome, reward, ndcg, turns, tokens, policy_version, trace_id)
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) ON CONFLICT (run_id, episode_id) DO NOTHING",
         )
@@ -194,15 +202,37 @@ impl State {
         .bind(&summary.task_id)
         .bind(summary.outcome)
         .bind(summary.reward)
-        .bind(summary.metrics.get("ndcg@10").copied().unwrap_or(0.0))
+        .bind(ndcg)
         .bind(i64::from(summary.turns))
         .bind(i64::from(summary.total_tokens))
         .bind(summary.policy_version as i64)
         .bind(&summary.trace_id)
-        .execute(self.db.pool())
+        .execute(&mut *transaction)
         .await
         .map_err(|e| self.error(e))?;
-        Ok(())
+        if inserted.rows_affected() == 1 {
+            sqlx::query(
+                "INSERT INTO run_version_outcomes (run_id, policy_version, outcome, episodes, reward_sum, ndcg_sum, turns_sum, tokens_sum)
+                 VALUES ($1, $2, $3, 1, $4, $5, $6, $7)
+                 ON CONFLICT (run_id, policy_version, outcome) DO UPDATE SET
+                     episodes = run_version_outcomes.episodes + 1,
+                     reward_sum = run_version_outcomes.reward_sum + excluded.reward_sum,
+                     ndcg_sum = run_version_outcomes.ndcg_sum + excluded.ndcg_sum,
+                     turns_sum = run_version_outcomes.turns_sum + excluded.turns_sum,
+                     tokens_sum = run_version_outcomes.tokens_sum + excluded.tokens_sum",
+            )
+            .bind(run_id)
+            .bind(summary.policy_version as i64)
+            .bind(summary.outcome)
+            .bind(summary.reward)
+            .bind(ndcg)
+            .bind(f64::from(summary.turns))
+            .bind(f64::from(summary.total_tokens))
+            .execute(&mut *transaction)
+            .await
+            .map_err(|e| self.error(e))?;
+        }
+        transaction.commit().await.map_err(|e| self.error(e))
     }
 
     /// A page of `run_id`'s episode summaries, in episode id order (ids
@@ -274,34 +304,72 @@ impl State {
             .collect()
     }
 
-    /// The run's training episodes per policy version, oldest version first.
-    pub async fn training_stats(&self, run_id: &str) -> Result<Vec<VersionStats>, StoreError> {
-        // Averages cast to double: PostgreSQL averages integers as NUMERIC.
+    /// The run's training episodes counted per (version, outcome), oldest
+    /// version first: every per-version curve is drawn from these sums.
+    pub async fn outcomes(&self, run_id: &str) -> Result<Vec<OutcomeCount>, StoreError> {
         let rows = sqlx::query(
-            "SELECT policy_version, COUNT(*) AS episodes,
-                    CAST(AVG(reward) AS DOUBLE PRECISION) AS reward,
-                    CAST(AVG(ndcg) AS DOUBLE PRECISION) AS ndcg,
-                    CAST(AVG(CASE WHEN outcome = $2 THEN 0.0 ELSE 1.0 END) AS DOUBLE PRECISION) AS failures,
-                    CAST(AVG(CAST(turns AS DOUBLE PRECISION)) AS DOUBLE PRECISION) AS turns
-             FROM run_episodes WHERE run_id = $1 GROUP BY policy_version ORDER BY policy_version",
+            "SELECT policy_version, outcome, episodes, reward_sum, ndcg_sum, turns_sum, tokens_sum
+             FROM run_version_outcomes WHERE run_id = $1 ORDER BY policy_version, outcome",
         )
         .bind(run_id)
-        .bind(sleuth_proto::common::v1::EpisodeOutcome::Completed as i32)
         .fetch_all(self.db.pool())
         .await
         .map_err(|e| self.error(e))?;
         rows.iter()
             .map(|row| {
-                Ok(VersionStats {
+                Ok(OutcomeCount {
                     version: row.try_get::<i64, _>("policy_version")? as u64,
+                    outcome: row.try_get("outcome")?,
                     episodes: row.try_get::<i64, _>("episodes")? as u64,
-                    reward_mean: row.try_get("reward")?,
-                    ndcg_mean: row.try_get("ndcg")?,
-                    failure_rate: row.try_get("failures")?,
-                    turns_mean: row.try_get("turns")?,
+                    reward_sum: row.try_get("reward_sum")?,
+                    ndcg_sum: row.try_get("ndcg_sum")?,
+                    turns_sum: row.try_get("turns_sum")?,
+                    tokens_sum: row.try_get("tokens_sum")?,
                 })
             })
             .collect::<Result<_, sqlx::Error>>()
             .map_err(|e| self.error(e))
     }
+
+    /// The run's training episodes per policy version, oldest version first.
+    pub async fn training_stats(&self, run_id: &str) -> Result<Vec<VersionStats>, StoreError> {
+        let mut stats: Vec<VersionStats> = Vec::new();
+        let mut failed = Vec::new();
+        for count in self.outcomes(run_id).await? {
+            if stats.last().is_none_or(|s| s.version != count.version) {
+                stats.push(VersionStats { version: count.version, ..Default::default() });
+                failed.push(0);
+            }
+            let (last, failures) = (stats.last_mut().expect("pushed"), failed.last_mut().expect("pushed"));
+            last.episodes += count.episodes;
+            // Sums for now, means below.
+            last.reward_mean += count.reward_sum;
+            last.ndcg_mean += count.ndcg_sum;
+            last.turns_mean += count.turns_sum;
+            if count.outcome != EpisodeOutcome::Completed as i32 {
+                *failures += count.episodes;
+            }
+        }
+        for (stats, failures) in stats.iter_mut().zip(failed) {
+            let n = stats.episodes.max(1) as f64;
+            stats.reward_mean /= n;
+            stats.ndcg_mean /= n;
+            stats.turns_mean /= n;
+            stats.failure_rate = failures as f64 / n;
+        }
+        Ok(stats)
+    }
+}
+
+/// The training episodes one policy version sampled that ended one way.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OutcomeCount {
+    pub version: u64,
+    /// `EpisodeOutcome` as stored.
+    pub outcome: i32,
+    pub episodes: u64,
+    pub reward_sum: f64,
+    pub ndcg_sum: f64,
+    pub turns_sum: f64,
+    pub tokens_sum: f64,
 }

@@ -3,8 +3,8 @@
 //! upgrades of a database an older release made.
 
 use anyhow::Result;
-use rollout_orchestrator::state::State;
 use prost::Message;
+use rollout_orchestrator::state::State;
 use sleuth_proto::common::v1::{Episode, TrajectoryGroup};
 use sleuth_proto::rollout::v1::{EpisodeSummary, RunSpec, RunStatus};
 use sleuth_store::Database;
@@ -46,6 +46,8 @@ async fn exercise(database: Database) -> Result<()> {
     let summary = EpisodeSummary { episode_id: "ep".into(), task_id: "q1".into(), reward: 0.5, ..Default::default() };
     state.record_episode("r1", "e0-q1", &summary).await?;
     state.record_episode("r1", "e0-q1", &summary).await?;
+    let stats = state.training_stats("r1").await?;
+    assert_eq!((stats.len(), stats[0].episodes, stats[0].reward_mean), (1, 1, 0.5), "a repeat is counted once");
     assert!(state.run("missing").await?.is_none());
     Ok(())
 }
@@ -95,6 +97,13 @@ async fn upgrade(database: Database) -> Result<()> {
     assert_eq!((kept[0].episode_id.as_str(), kept[0].reward, kept[0].turns), ("old-e0-q1-0", 0.75, 3));
     assert_eq!(kept[0].metrics["ndcg@10"], 0.5);
     assert_eq!(kept[0].trace_id, "", "episodes from before traces name none");
+    let stats = state.training_stats("old").await?;
+    assert_eq!(
+        (stats.len(), stats[0].version, stats[0].episodes),
+        (1, 4, 1),
+        "the old episode is in the per-version sums"
+    );
+    assert_eq!((stats[0].reward_mean, stats[0].ndcg_mean, stats[0].turns_mean), (0.75, 0.5, 3.0));
 
     let traced = EpisodeSummary {
         episode_id: "old-e1-q2-0".into(),
