@@ -18,9 +18,11 @@
 //! Beside the metrics, how scored episodes become training signal, in plain
 //! arithmetic the orchestrator (validating a run's spec) and the learner
 //! (training it) share: [`advantage`] (group advantages) and
-//! [`policy_loss`] (the names and settings of the policy losses).
+//! [`policy_loss`] (the names and settings of the policy losses); and
+//! [`bootstrap`] intervals for comparing evaluations.
 
 pub mod advantage;
+pub mod bootstrap;
 pub mod policy_loss;
 pub mod reward;
 pub mod run;

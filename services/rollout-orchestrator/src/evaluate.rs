@@ -37,6 +37,16 @@ pub enum Contender {
 }
 
 impl Contender {
+    /// The name `parse` reads (`policy` for the served policy).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Baseline(SearchMethod::Bm25) => "baseline:bm25",
+            Self::Baseline(SearchMethod::Vector) => "baseline:vector",
+            Self::Baseline(_) => "baseline:hybrid",
+            Self::Policy => "policy",
+        }
+    }
+
     pub fn parse(model_uri: &str) -> Result<Self, String> {
         match model_uri {
             "" => Ok(Self::Policy),
@@ -149,7 +159,7 @@ impl Evaluator {
             .await;
         let scored = scored.into_iter().collect::<Result<Vec<_>, String>>()?;
         let metrics = summarise(&scored, samples as usize);
-        self.write_reports(id, &scored, &metrics)
+        self.write_reports(id, contender, request, &scored, &metrics)
             .map_err(|e| format!("writing the report to {}: {e}", self.report_dir.display()))?;
         Ok(metrics.into_iter().collect())
     }
@@ -230,13 +240,37 @@ impl Evaluator {
         Ok(scored)
     }
 
-    fn write_reports(&self, id: &str, scored: &[Scored], metrics: &BTreeMap<String, f64>) -> std::io::Result<()> {
+    /// The TREC run file, and the JSON report: the metrics, what was
+    /// evaluated on which tasks, and each task's nDCG@10 (mean over its
+    /// samples), from which the dashboard draws bootstrap intervals.
+    fn write_reports(
+        &self,
+        id: &str,
+        contender: Contender,
+        request: &EvaluateRequest,
+        scored: &[Scored],
+        metrics: &BTreeMap<String, f64>,
+    ) -> std::io::Result<()> {
         std::fs::create_dir_all(&self.report_dir)?;
         let rankings: BTreeMap<String, sleuth_metrics::run::ScoredRanking> =
             scored.iter().map(|s| (s.task_id.clone(), s.first_ranking.clone())).collect();
         let mut run = std::io::BufWriter::new(std::fs::File::create(self.report_dir.join(format!("{id}.run")))?);
         sleuth_metrics::run::write_run(&mut run, &rankings, id)?;
-        let report = serde_json::json!({"evaluation_id": id, "tasks": scored.len(), "metrics": metrics});
+        let per_task: BTreeMap<&str, f64> = scored
+            .iter()
+            .map(|s| (s.task_id.as_str(), s.ndcg.iter().sum::<f64>() / s.ndcg.len().max(1) as f64))
+            .collect();
+        let set = request.tasks.clone().unwrap_or_default();
+        let report = serde_json::json!({
+            "evaluation_id": id,
+            "contender": contender.name(),
+            "collection": set.collection,
+            "split": set.split,
+            "samples_per_task": request.samples_per_task.max(1),
+            "tasks": scored.len(),
+            "metrics": metrics,
+            "per_task_ndcg@10": per_task,
+        });
         std::fs::write(self.report_dir.join(format!("{id}.json")), serde_json::to_vec_pretty(&report)?)
     }
 }
