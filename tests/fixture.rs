@@ -1,8 +1,8 @@
 //! Support for rollout tests and benchmarks: a small BEIR collection, tiny
 //! policies imprinted to always search or always submit, a mesh of real
 //! service processes (tool gateway, policy server, inference gateway, agent
-//! workers, orchestrator) around them ([`mesh`]), and ways to watch a run
-//! ([`stream`]).
+//! workers, orchestrator) around them ([`mesh`]), ways to watch a run
+//! ([`stream`]), and a headless browser for the dashboard ([`browser`]).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -16,9 +16,11 @@ use sleuth_proto::rollout::v1 as rollout;
 
 use crate::ServiceProcess;
 
+mod browser;
 mod mesh;
 mod stream;
 
+pub use browser::Browser;
 pub use mesh::Mesh;
 pub use stream::*;
 

@@ -20,6 +20,9 @@ pub struct ServiceProcess {
     pub name: &'static str,
     /// Address it listens on, from its "listening" log line.
     pub addr: String,
+    /// The orchestrator's web dashboard (`http://` + this), from its
+    /// "dashboard listening" log line; None for the other services.
+    pub dashboard: Option<String>,
     child: Child,
     log: Arc<Mutex<Vec<String>>>,
 }
@@ -33,6 +36,8 @@ impl ServiceProcess {
             .env_clear()
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
             .env("SLEUTH_LISTEN", "127.0.0.1:0")
+            // The HTTP port of the services that have one (the orchestrator's dashboard).
+            .env("SLEUTH_HTTP_LISTEN", "127.0.0.1:0")
             .env("SLEUTH_LOG_FORMAT", "json")
             .env("SLEUTH_LOG", "info")
             .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
@@ -45,16 +50,21 @@ impl ServiceProcess {
         let log = Arc::new(Mutex::new(Vec::new()));
         let (addr_tx, addr_rx) = mpsc::channel();
         let lines = log.clone();
+        let dashboard = Arc::new(Mutex::new(None));
+        let dashboard_addr = dashboard.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Some(addr) = listening_addr(&line) {
+                if let Some(addr) = listening_addr(&line, "listening") {
                     let _ = addr_tx.send(addr);
+                } else if let Some(addr) = listening_addr(&line, "dashboard listening") {
+                    *dashboard_addr.lock().unwrap() = Some(addr);
                 }
                 lines.lock().unwrap().push(line);
             }
         });
         match addr_rx.recv_timeout(Duration::from_secs(60)) {
-            Ok(addr) => Ok(Self { name, addr, child, log }),
+            // The dashboard binds before the gRPC port, so its line came first.
+            Ok(addr) => Ok(Self { name, addr, dashboard: dashboard.lock().unwrap().clone(), child, log }),
             Err(_) => {
                 let _ = child.kill();
                 bail!("{name} did not log that it was listening; log:\n{}", log.lock().unwrap().join("\n"))
@@ -115,10 +125,10 @@ impl Drop for ServiceProcess {
 }
 
 /// The `addr` field of the kit's JSON "listening" log line.
-fn listening_addr(line: &str) -> Option<String> {
+fn listening_addr(line: &str, message: &str) -> Option<String> {
     let record: serde_json::Value = serde_json::from_str(line).ok()?;
     let fields = record.get("fields")?;
-    (fields.get("message")?.as_str()? == "listening").then(|| fields.get("addr")?.as_str().map(str::to_owned))?
+    (fields.get("message")?.as_str()? == message).then(|| fields.get("addr")?.as_str().map(str::to_owned))?
 }
 
 /// Path of a workspace binary: test executables live in `target/<profile>/deps`,

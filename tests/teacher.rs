@@ -195,7 +195,7 @@ async fn an_sft_run_imitates_the_teachers_best_episodes_from_one_spec() -> Resul
 
     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     let entries: BTreeMap<String, _> = stream.entries().into_iter().collect();
-    let database = sleuth_store::Database::open(&format!("sqlite://{}", scratch.path().join("learner.db").display()))?;
+    let database = sleuth_store::Database::open(&format!("sqlite://{}", scratch.path().join("runs.db").display()))?;
     let records = learner::records::groups(&database, RUN).await?;
     assert_eq!(records.len(), entries.len(), "every group accounted");
     let best = |id: &str| entries[id].episodes.iter().map(|e| e.reward).fold(f64::MIN, f64::max);
@@ -277,5 +277,86 @@ async fn an_sft_run_imitates_the_teachers_best_episodes_from_one_spec() -> Resul
     let start = grpo_steps.iter().find(|(_, m)| m["republished"] == "start model").context("a start-model step")?;
     assert_eq!(start.1["model_uri"], expected.display().to_string(), "{grpo_steps:?}");
     eprintln!("grpo from run {RUN}: started from {} as version {}", expected.display(), start.0);
+
+    the_dashboard_shows_the_runs(&orchestrator, &database, &entries, steps.len()).await
+}
+
+/// The orchestrator's dashboard as a real browser renders it, on the runs
+/// above: the SFT run's page draws one point per learner step on each
+/// learner curve and marks the best version; a trained episode's page marks
+/// exactly its trained tokens, spelled by the policy's tokenizer; a GRPO
+/// episode names its advantage; the evaluations sit side by side with
+/// intervals. Screenshots go to `$CARGO_TARGET_TMPDIR/dashboard/`.
+async fn the_dashboard_shows_the_runs(
+    orchestrator: &sleuth_tests::ServiceProcess,
+    database: &sleuth_store::Database,
+    entries: &BTreeMap<String, sleuth_proto::common::v1::TrajectoryGroup>,
+    steps: usize,
+) -> Result<()> {
+    let base = format!("http://{}", orchestrator.dashboard.as_deref().context("the orchestrator's dashboard")?);
+    let browser = Browser::find()?;
+    let out = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("dashboard");
+    std::fs::create_dir_all(&out)?;
+
+    let runs = browser.dom(&format!("{base}/")).await?;
+    assert!(runs.contains("href=\"/runs/sft\"") && runs.contains("href=\"/runs/grpo\""), "{runs}");
+
+    let run = browser.dom(&format!("{base}/runs/sft")).await?;
+    for metric in ["loss", "entropy", "grad_norm", "tokens_per_second"] {
+        assert_eq!(curve(&run, metric)?, steps, "{metric}: one point per learner step");
+    }
+    assert!(curve(&run, "ndcg")? >= 2, "the validations are drawn");
+    assert!(run.contains("class=\"mark\"") && run.contains("★ best"), "the best checkpoint is marked");
+    browser.screenshot(&format!("{base}/runs/sft"), &out.join("run.png"), (1400, 2400)).await?;
+
+    // An episode the learner trained on: every trained token marked, no other.
+    let (episode_id,): (String,) = sqlx::query_as(
+        "SELECT e.episode_id FROM run_episodes e JOIN learner_groups g ON g.run_id = e.run_id AND g.group_id = e.group_id
+         WHERE e.run_id = 'sft' AND g.disposition = 'trained' ORDER BY e.reward DESC, e.episode_id LIMIT 1",
+    )
+    .fetch_one(database.pool())
+    .await?;
+    let episode =
+        entries.values().flat_map(|g| &g.episodes).find(|e| e.episode_id == episode_id).context("published")?;
+    let segments = &episode.trace.as_ref().context("a trace")?.segments;
+    let trained = segments.iter().flat_map(|s| s.loss_mask.iter()).filter(|&&m| m == 1).count();
+    let url = format!("{base}/runs/sft/episodes/{episode_id}");
+    let page = browser.dom(&url).await?;
+    assert!(trained > 0);
+    assert_eq!(page.matches("class=\"tok trained\"").count(), trained, "trained tokens marked");
+    let tokens: usize = segments.iter().map(|s| s.token_ids.len()).sum();
+    assert_eq!(page.matches("<span class=\"tok ").count(), tokens + 1, "every token shown (and the legend)");
+    assert!(page.contains("Trained in step") && page.contains("Trajectory SFT"), "{page}");
+    assert!(!page.contains("show as ids"), "the tokens are spelled out");
+    assert!(
+        page.contains("submit_ranking") && page.contains("class=\"judged\""),
+        "the tool calls and the judged documents"
+    );
+    browser.screenshot(&url, &out.join("episode.png"), (1400, 2400)).await?;
+
+    let (grpo_episode,): (String,) =
+        sqlx::query_as("SELECT episode_id FROM run_episodes WHERE run_id = 'grpo' ORDER BY episode_id LIMIT 1")
+            .fetch_one(database.pool())
+            .await?;
+    let page = browser.dom(&format!("{base}/runs/grpo/episodes/{grpo_episode}")).await?;
+    assert!(page.contains("Advantage (grpo)") || page.contains("rewards do not differ"), "{page}");
+
+    let evaluations = browser.dom(&format!("{base}/evaluations")).await?;
+    assert!(evaluations.contains("validation of") && evaluations.contains(" ["), "{evaluations}");
+    browser.screenshot(&format!("{base}/evaluations"), &out.join("evaluations.png"), (1400, 900)).await?;
+    eprintln!("dashboard: {steps} steps drawn, {trained} trained tokens marked; screenshots in {}", out.display());
     Ok(())
+}
+
+/// The points of the chart of `metric` in a rendered run page: the count
+/// it declares, checked against the vertices of its lines.
+fn curve(dom: &str, metric: &str) -> Result<usize> {
+    let start = dom.find(&format!("data-metric=\"{metric}\"")).with_context(|| format!("no {metric} chart"))?;
+    let figure = &dom[start..start + dom[start..].find("</figure>").context("an unclosed figure")?];
+    let declared: usize =
+        figure.split("data-points=\"").nth(1).and_then(|s| s.split('"').next()).context("data-points")?.parse()?;
+    let vertices: usize =
+        figure.split(" points=\"").skip(1).map(|s| s.split('"').next().unwrap_or("").split_whitespace().count()).sum();
+    anyhow::ensure!(vertices == declared, "{metric}: {vertices} vertices drawn, {declared} declared");
+    Ok(declared)
 }

@@ -212,7 +212,7 @@ async fn progress(client: &mut OrchestratorClient<MeshChannel>) -> Result<rollou
 /// left unacknowledged, and that the traces' versions are the weights that
 /// sampled them. `lost` is the version the learner lost in its crash.
 async fn account(entries: &[(String, TrajectoryGroup)], data: &Path, watch: &Watch, lost: u64) -> Result<String> {
-    let database = sleuth_store::Database::open(&format!("sqlite://{}", data.join("learner.db").display()))?;
+    let database = sleuth_store::Database::open(&format!("sqlite://{}", data.join("runs.db").display()))?;
     let records = learner::records::groups(&database, RUN).await?;
     let recorded: BTreeMap<&str, &GroupRecord> = records.iter().map(|r| (r.entry_id.as_str(), r)).collect();
     assert_eq!(recorded.len(), records.len());

@@ -6,7 +6,7 @@
 # reports how each service shut down.
 #
 # Run through `make demo`, which builds first and sets CARGO_TARGET_DIR.
-#   SLEUTH_DEMO_BASE_PORT  first of the eight consecutive ports used (default 50051)
+#   SLEUTH_DEMO_BASE_PORT  first of the nine consecutive ports used (default 50051)
 set -euo pipefail
 
 bin="${CARGO_TARGET_DIR:?run through make demo}/debug"
@@ -15,11 +15,12 @@ work="$(mktemp -d -t sleuth-demo-XXXXXX)"
 token="demo-$(od -An -N12 -tx1 /dev/urandom | tr -d ' \n')"
 redis_port=$((base + 6))
 http_port=$((base + 7))
+dashboard_port=$((base + 8))
 pids=()
 
 say() { printf '\033[1mdemo:\033[0m %s\n' "$*"; }
 
-for port in $(seq "$base" "$http_port"); do
+for port in $(seq "$base" "$dashboard_port"); do
   if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
     echo "port $port is in use; set SLEUTH_DEMO_BASE_PORT to a free range" >&2
     exit 1
@@ -59,13 +60,19 @@ declare -A service_pid
 for i in "${!services[@]}"; do
   name="${services[$i]}"
   port=$((base + i))
+  # The HTTP port of the two services that have one.
+  case "$name" in
+    inference-gateway) http="127.0.0.1:$http_port" ;;
+    rollout-orchestrator) http="127.0.0.1:$dashboard_port" ;;
+    *) http="" ;;
+  esac
   SLEUTH_LISTEN="127.0.0.1:$port" \
   SLEUTH_POLICY_SERVERS="127.0.0.1:$((base + 4))" \
   SLEUTH_INFERENCE_GATEWAY="127.0.0.1:$((base + 3))" \
   SLEUTH_TOOL_GATEWAY="127.0.0.1:$((base + 2))" \
   SLEUTH_AGENT_WORKERS="127.0.0.1:$((base + 1))" \
   SLEUTH_COLLECTIONS="weather=$work/weather-index" \
-  SLEUTH_HTTP_LISTEN="127.0.0.1:$((base + 7))" \
+  SLEUTH_HTTP_LISTEN="$http" \
     "$bin/$name" >"$work/$name.log" 2>&1 &
   pids+=($!)
   service_pid[$name]=$!
@@ -93,6 +100,10 @@ echo
 
 say "an evaluation job on the orchestrator: the BM25 baseline on the demo collection"
 "$bin/sleuth" eval --orchestrator "127.0.0.1:$base" --source "$work/weather" --collection weather --contender bm25
+
+say "the orchestrator's dashboard lists that evaluation: http://127.0.0.1:$dashboard_port/evaluations"
+curl -sS -H "authorization: Bearer $token" "http://127.0.0.1:$dashboard_port/evaluations" \
+  | grep -o 'eval-[0-9a-f]*</td><td>baseline:bm25[^<]*' | head -n 1 | sed 's|</td><td>| |'
 
 say "stopping the mesh with SIGTERM"
 status=0

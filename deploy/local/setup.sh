@@ -32,6 +32,12 @@ if [ ${#missing[@]} -gt 0 ]; then
   as_root apt-get update -qq
   DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
+# The browser the dashboard test drives: headless, without the desktop it recommends.
+if ! command -v chromium-headless-shell >/dev/null && ! command -v chromium >/dev/null; then
+  say "installing Debian package chromium-headless-shell"
+  as_root apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq --no-install-recommends chromium-headless-shell >/dev/null
+fi
 
 # The project venv: libtorch (through the torch wheel) and the test servers.
 mkdir -p "$cache"

@@ -27,3 +27,28 @@ pub async fn signal() {
         () = terminate => tracing::info!(signal = "SIGTERM", "shutdown requested"),
     }
 }
+
+/// One shutdown for every front door of a process (a gRPC port beside an
+/// HTTP one): each server waits on its own copy, all resolve together.
+#[derive(Clone)]
+pub struct Shared(tokio::sync::watch::Receiver<bool>);
+
+impl Shared {
+    /// Watches `shutdown` (e.g. [`signal`]) in a task of its own.
+    pub fn new(shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> Self {
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
+            shutdown.await;
+            let _ = stop.send(true);
+        });
+        Self(stopped)
+    }
+
+    /// Resolves once the shutdown has come.
+    pub fn wait(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut stopped = self.0.clone();
+        async move {
+            let _ = stopped.wait_for(|&stop| stop).await;
+        }
+    }
+}

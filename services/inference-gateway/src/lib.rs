@@ -113,16 +113,9 @@ pub async fn run(
     })?;
     tracing::info!(addr = %http.local_addr().map_err(|e| Error::Internal(e.to_string()))?, "openai-compatible http listening");
     // One shutdown signal for both front doors.
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    tokio::spawn(async move {
-        shutdown.await;
-        let _ = stop.send(true);
-    });
-    let wait = |mut stopped: tokio::sync::watch::Receiver<bool>| async move {
-        let _ = stopped.wait_for(|&stop| stop).await;
-    };
+    let shutdown = sleuth_kit::shutdown::Shared::new(shutdown);
     let router = openai::router(handlers.clone(), token.clone(), &config.serve);
-    let http_server = axum::serve(http, router).with_graceful_shutdown(wait(stopped.clone()));
+    let http_server = axum::serve(http, router).with_graceful_shutdown(shutdown.wait());
     tokio::spawn(async move {
         if let Err(error) = http_server.await {
             tracing::error!(%error, "http server failed");
@@ -137,6 +130,6 @@ pub async fn run(
             token.as_ref(),
         )?);
     }
-    sleuth_kit::serve(service, &config.serve, listener, wait(stopped)).await?;
+    sleuth_kit::serve(service, &config.serve, listener, shutdown.wait()).await?;
     Ok(())
 }

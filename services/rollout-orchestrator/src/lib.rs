@@ -8,8 +8,10 @@
 //! - [`workers`]: the agent workers, episode failover and reruns of infrastructure failures;
 //! - [`runs`]: driving a run (concurrency, staleness gate, exactly-once publication);
 //! - [`state`]: runs, groups and episodes in SQL;
-//! - [`evaluate`]: evaluation jobs (a policy or a retrieval baseline).
+//! - [`evaluate`]: evaluation jobs (a policy or a retrieval baseline);
+//! - [`dashboard`]: the web pages of runs, curves, episodes and evaluations.
 
+pub mod dashboard;
 pub mod evaluate;
 pub mod runs;
 pub mod spec;
@@ -43,6 +45,16 @@ pub struct Config {
     /// Address to listen on for gRPC.
     #[arg(long, env = "SLEUTH_LISTEN", default_value = "0.0.0.0:50051")]
     pub listen: SocketAddr,
+
+    /// Address for the web dashboard (HTTP, behind the mesh's token).
+    #[arg(long, env = "SLEUTH_HTTP_LISTEN", default_value = "0.0.0.0:8080")]
+    pub http_listen: SocketAddr,
+
+    /// The policy's model directory: its tokenizer spells out the tokens of
+    /// episode traces on the dashboard (runs whose spec names a local model
+    /// use that one's). Unset: tokens show as ids.
+    #[arg(long, env = "SLEUTH_MODEL")]
+    pub model: Option<std::path::PathBuf>,
 
     #[command(flatten)]
     pub database: DatabaseArgs,
@@ -110,23 +122,11 @@ fn internal(error: impl std::fmt::Display) -> Status {
 
 impl Handlers {
     async fn load(&self, run_id: &str) -> Result<pb::Run, Status> {
-        let mut run = self
-            .runner
-            .state
-            .run(run_id)
+        self.runner
+            .describe(run_id)
             .await
             .map_err(internal)?
-            .ok_or_else(|| Status::not_found(format!("no run {run_id:?}")))?;
-        run.validations = self.runner.state.validations(run_id).await.map_err(internal)?;
-        run.best_version = crate::validate::best(&run.validations).unwrap_or_default();
-        run.training = self.runner.state.training_stats(run_id).await.map_err(internal)?;
-        if let Some((progress, status)) = self.runner.progress(run_id) {
-            run.progress = Some(progress);
-            if status != pb::RunStatus::Running && run.status == pb::RunStatus::Running as i32 {
-                run.status = status as i32;
-            }
-        }
-        Ok(run)
+            .ok_or_else(|| Status::not_found(format!("no run {run_id:?}")))
     }
 }
 
@@ -302,19 +302,25 @@ pub async fn run(
         report_dir: config.report_dir.clone(),
         jobs: Arc::new(Mutex::default()),
     };
-    let incarnation = format!(
-        "{:x}",
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis())
-    );
-    let runner = Runner {
-        state: state.clone(),
-        redis: redis.clone(),
-        evaluator: evaluator.clone(),
-        workers,
-        live: Arc::new(Mutex::default()),
-        incarnation,
-        patience: config.fault_patience,
-    };
+    let runner = Runner::new(state.clone(), redis.clone(), workers, evaluator.clone(), config.fault_patience);
+    let shutdown = sleuth_kit::shutdown::Shared::new(shutdown);
+    let pages = TcpListener::bind(config.http_listen).await.map_err(|e| KitError::Config {
+        field: "http_listen",
+        message: format!("cannot listen on {}: {e}", config.http_listen),
+    })?;
+    let pages_addr = pages.local_addr().map_err(|e| KitError::Config {
+        field: "http_listen",
+        message: format!("the listener has no local address: {e}"),
+    })?;
+    let dashboard =
+        dashboard::Dashboard::new(runner.clone(), database.clone(), config.report_dir.clone(), config.model);
+    let dashboard = axum::serve(pages, dashboard.router(token.clone())).with_graceful_shutdown(shutdown.wait());
+    tracing::info!(addr = %pages_addr, "dashboard listening");
+    tokio::spawn(async move {
+        if let Err(error) = dashboard.await {
+            tracing::error!(%error, "dashboard server failed");
+        }
+    });
     for run in state.unfinished().await? {
         if let Some(spec) = run.spec {
             tracing::info!(run = %run.run_id, "resuming run");
@@ -325,6 +331,6 @@ pub async fn run(
         .with_probe(database.probe())
         .with_probe(redis.probe())
         .with_scope(&["CreateRun", "CancelRun"], config.admin.token()?, sleuth_kit::AdminTokenArgs::SETTING);
-    sleuth_kit::serve(service, &config.serve, listener, shutdown).await?;
+    sleuth_kit::serve(service, &config.serve, listener, shutdown.wait()).await?;
     Ok(())
 }

@@ -23,9 +23,9 @@ use prost::Message;
 use sleuth_metrics::reward::{NdcgReward, Reward};
 use sleuth_proto::agent::v1::{AgentConfig, RunEpisodeRequest};
 use sleuth_proto::common::v1::{Episode, Task, TrajectoryGroup};
-use sleuth_proto::rollout::v1::{EpisodeSummary, RunProgress, RunSpec, RunStatus};
-use sleuth_store::RedisStore;
+use sleuth_proto::rollout::v1::{EpisodeSummary, Run, RunProgress, RunSpec, RunStatus};
 use sleuth_store::trajectories;
+use sleuth_store::{RedisStore, StoreError};
 use tokio::sync::{Semaphore, watch};
 
 use crate::state::State;
@@ -84,6 +84,18 @@ pub struct Runner {
 }
 
 impl Runner {
+    /// A runner driving no run yet; `patience` bounds how long a store may be away.
+    pub fn new(
+        state: State,
+        redis: RedisStore,
+        workers: Workers,
+        evaluator: crate::evaluate::Evaluator,
+        patience: Duration,
+    ) -> Self {
+        let started = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());
+        Self { state, redis, evaluator, workers, live: Arc::default(), incarnation: format!("{started:x}"), patience }
+    }
+
     /// Runs the store operation `op` until it succeeds, retrying with backoff
     /// for up to the configured patience (a store restarting must not end a
     /// run); every operation it wraps is idempotent.
@@ -99,6 +111,23 @@ impl Runner {
 
     pub fn progress(&self, run_id: &str) -> Option<(RunProgress, RunStatus)> {
         self.live.lock().expect("live").get(run_id).map(|l| (l.progress, l.status))
+    }
+
+    /// The run as GetRun answers it: its record, validations with the best
+    /// version, training statistics per version and, while this process
+    /// drives it, its live progress; None when there is no such run.
+    pub async fn describe(&self, run_id: &str) -> Result<Option<Run>, StoreError> {
+        let Some(mut run) = self.state.run(run_id).await? else { return Ok(None) };
+        run.validations = self.state.validations(run_id).await?;
+        run.best_version = crate::validate::best(&run.validations).unwrap_or_default();
+        run.training = self.state.training_stats(run_id).await?;
+        if let Some((progress, status)) = self.progress(run_id) {
+            run.progress = Some(progress);
+            if status != RunStatus::Running && run.status == RunStatus::Running as i32 {
+                run.status = status as i32;
+            }
+        }
+        Ok(Some(run))
     }
 
     pub fn subscribe(&self, run_id: &str) -> Option<tokio::sync::broadcast::Receiver<EpisodeSummary>> {
