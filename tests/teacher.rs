@@ -153,7 +153,7 @@ async fn an_sft_run_imitates_the_teachers_best_episodes_from_one_spec() -> Resul
     };
     let stream = StreamRecorder::start(&mesh.redis_url, RUN);
     client.create_run(rollout::CreateRunRequest { spec: Some(spec), run_id: RUN.into() }).await?;
-    let mut learner = mesh.learner(RUN, scratch.path(), &orchestrator)?;
+    let mut learner = mesh.learner(RUN, scratch.path(), &scratch.path().join("runs.db"), &orchestrator)?;
     let finished = wait_for(&mut client, RUN, std::time::Duration::from_secs(400), |run| {
         run.status != rollout::RunStatus::Running as i32
     })
@@ -258,7 +258,7 @@ async fn an_sft_run_imitates_the_teachers_best_episodes_from_one_spec() -> Resul
     assert!(refused.message().contains("spec.policy.from_run \"no-such-run\""), "{}", refused.message());
     grpo.policy = Some(rollout::PolicySpec { from_run: RUN.into(), ..Default::default() });
     client.create_run(create(&grpo)).await?;
-    let mut grpo_learner = mesh.learner("grpo", scratch.path(), &orchestrator)?;
+    let mut grpo_learner = mesh.learner("grpo", scratch.path(), &scratch.path().join("runs.db"), &orchestrator)?;
     let ended = wait_for(&mut client, "grpo", std::time::Duration::from_secs(300), |run| {
         run.status != rollout::RunStatus::Running as i32
     })

@@ -105,7 +105,7 @@ async fn a_training_run_closes_the_loop_through_faults() -> Result<()> {
     spec.policy = Some(rollout::PolicySpec { model_uri: mixed.display().to_string(), ..Default::default() });
     let stream = StreamRecorder::start(&mesh.redis_url, RUN);
     client.create_run(rollout::CreateRunRequest { spec: Some(spec), run_id: RUN.into() }).await?;
-    let mut learner = mesh.learner(RUN, scratch.path(), &orchestrator)?;
+    let mut learner = mesh.learner(RUN, scratch.path(), &scratch.path().join("learner.db"), &orchestrator)?;
     let watch = Watch {
         redis: sleuth_store::RedisStore::open(&mesh.redis_url)?,
         checkpoints: scratch.path().join("checkpoints").join(RUN),
@@ -139,7 +139,7 @@ async fn a_training_run_closes_the_loop_through_faults() -> Result<()> {
     assert!(unacknowledged >= 1, "the lost step's entries must still be pending");
     learner.kill()?;
     eprintln!("faults: learner killed with version {lost} unsealed and {unacknowledged} entries pending");
-    learner = mesh.learner(RUN, scratch.path(), &orchestrator)?;
+    learner = mesh.learner(RUN, scratch.path(), &scratch.path().join("learner.db"), &orchestrator)?;
     watch
         .until("the restarted learner moving past the lost version", long, &|| learner.log(), || async {
             Ok(watch.version().await? >= lost + 2)
@@ -157,7 +157,7 @@ async fn a_training_run_closes_the_loop_through_faults() -> Result<()> {
     let (exit, _) = learner.terminate(Duration::from_secs(60))?;
     assert!(exit.success(), "learner exited with {exit} on SIGTERM; log:\n{}", learner.log());
     eprintln!("faults: learner stopped at version {at} with a step's entries read");
-    learner = mesh.learner(RUN, scratch.path(), &orchestrator)?;
+    learner = mesh.learner(RUN, scratch.path(), &scratch.path().join("learner.db"), &orchestrator)?;
     watch.step_after("the SIGTERM", long, &|| learner.log()).await?;
 
     // 3. The policy server restarts on its own model (version 0): no turn of
@@ -212,7 +212,7 @@ async fn progress(client: &mut OrchestratorClient<MeshChannel>) -> Result<rollou
 /// left unacknowledged, and that the traces' versions are the weights that
 /// sampled them. `lost` is the version the learner lost in its crash.
 async fn account(entries: &[(String, TrajectoryGroup)], data: &Path, watch: &Watch, lost: u64) -> Result<String> {
-    let database = sleuth_store::Database::open(&format!("sqlite://{}", data.join("runs.db").display()))?;
+    let database = sleuth_store::Database::open(&format!("sqlite://{}", data.join("learner.db").display()))?;
     let records = learner::records::groups(&database, RUN).await?;
     let recorded: BTreeMap<&str, &GroupRecord> = records.iter().map(|r| (r.entry_id.as_str(), r)).collect();
     assert_eq!(recorded.len(), records.len());

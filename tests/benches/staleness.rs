@@ -39,7 +39,7 @@ async fn main() -> Result<()> {
             Some(rollout::TrainingSpec { learning_rate: 1e-3, checkpoint_every: 100, ..Default::default() });
         let run_id = format!("staleness-{staleness}");
         client.create_run(rollout::CreateRunRequest { spec: Some(run_spec), run_id: run_id.clone() }).await?;
-        let _learner = mesh.learner(&run_id, &data, &orchestrator)?;
+        let _learner = mesh.learner(&run_id, &data, &data.join("learner.db"), &orchestrator)?;
         let redis = sleuth_store::RedisStore::open(&mesh.redis_url)?;
         let version = || sleuth_store::trajectories::learner_version(&redis, &run_id);
         let reach = |target: u64| async move {

@@ -113,14 +113,17 @@ impl Database {
     /// migrates under an advisory lock, so replicas starting together apply
     /// each migration once; SQLite takes no such lock, and a process that
     /// lost the race to another one finds the migration applied when it
-    /// tries again.
+    /// tries again. A SQLite file is first put in WAL mode ([`Database::prepare`]).
     pub async fn migrate(&self) -> Result<(), StoreError> {
         let version = MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0);
         let mut attempt = 0;
         loop {
-            let error = match MIGRATOR.run(&self.pool).await {
-                Ok(()) => return Ok(()),
-                Err(error) => error,
+            let error = match self.prepare().await {
+                Ok(()) => match MIGRATOR.run(&self.pool).await {
+                    Ok(()) => return Ok(()),
+                    Err(error) => error,
+                },
+                Err(source) => sqlx::migrate::MigrateError::Execute(source),
             };
             let message = match &error {
                 sqlx::migrate::MigrateError::VersionMissing(newer) => format!(
@@ -139,6 +142,19 @@ impl Database {
             tracing::warn!(url = %self.url, %message, "migration failed, trying again (another process may be migrating)");
             tokio::time::sleep(Duration::from_millis(200 * attempt)).await;
         }
+    }
+
+    /// Puts a SQLite database in write-ahead-log mode, once (the mode is
+    /// kept in the file): the orchestrator and the learner share one file
+    /// locally, and in the default rollback mode a reader and a writer in two
+    /// processes can fail each other with "database is locked" at once,
+    /// without waiting. In WAL mode readers never block the writer, and
+    /// writers wait their turn (busy timeout). Nothing to do on PostgreSQL.
+    async fn prepare(&self) -> Result<(), sqlx::Error> {
+        if self.engine == Engine::Sqlite {
+            sqlx::query("PRAGMA journal_mode = WAL").execute(&self.pool).await?;
+        }
+        Ok(())
     }
 
     /// Readiness probe: the database answers a query.
