@@ -282,3 +282,59 @@ fn the_l40s_values_schedule_policy_servers_and_learner_ranks_on_gpus() -> Result
     assert!(manifests.contains("name: WORLD_SIZE"), "two learner ranks rendezvous");
     Ok(())
 }
+
+/// By default the orchestrator, the inference gateway and the learner follow
+/// the ready pods of the agents and policy servers through their
+/// EndpointSlices, as a ServiceAccount whose Role can only read
+/// endpointslices; with discovery off, each gets one Service address and no
+/// account is made.
+#[test]
+fn upstreams_are_discovered_through_endpointslices_with_a_read_only_role() -> Result<()> {
+    let manifests = helm_template(&[])?;
+    validate(&manifests)?;
+    let docs: Vec<&str> = manifests.split("\n---").collect();
+    let workload = |binary: &str| {
+        docs.iter()
+            .find(|d| d.contains(&format!("command: [\"/usr/local/bin/{binary}\"]")))
+            .copied()
+            .with_context(|| format!("no {binary} workload"))
+    };
+    let env = |doc: &str, name: &str| {
+        let at = doc.find(&format!("- name: {name}\n"))?;
+        doc[at..].lines().nth(1).map(|l| l.trim().to_owned())
+    };
+    for (binary, name, value) in [
+        ("rollout-orchestrator", "SLEUTH_AGENT_WORKERS", "kube://ci-release-agent:grpc"),
+        ("inference-gateway", "SLEUTH_POLICY_SERVERS", "kube://ci-release-policy-server:grpc"),
+        ("learner", "SLEUTH_POLICY_SERVERS", "kube://ci-release-policy-server:grpc"),
+    ] {
+        let doc = workload(binary)?;
+        assert_eq!(env(doc, name), Some(format!("value: \"{value}\"")), "{binary}");
+        assert!(doc.contains("serviceAccountName: ci-release-discovery\n"), "{binary} runs as the discovery account");
+    }
+    for binary in ["agent", "tool-gateway", "policy-server"] {
+        assert!(!workload(binary)?.contains("serviceAccountName"), "{binary} needs no API access");
+    }
+    let role = docs.iter().find(|d| d.contains("\nkind: Role\n")).context("the discovery Role")?;
+    assert_eq!(role.matches("apiGroups:").count(), 1, "one rule:\n{role}");
+    for line in [
+        r#"- apiGroups: ["discovery.k8s.io"]"#,
+        r#"resources: ["endpointslices"]"#,
+        r#"verbs: ["get", "list", "watch"]"#,
+    ] {
+        assert!(role.lines().any(|l| l.trim() == line), "{line} missing from\n{role}");
+    }
+    let binding = docs.iter().find(|d| d.contains("\nkind: RoleBinding\n")).context("the RoleBinding")?;
+    assert!(binding.contains("name: ci-release-discovery\n") && binding.contains("kind: ServiceAccount"));
+
+    let fixed = helm_template(&["discovery.kubernetes=false"])?;
+    validate(&fixed)?;
+    let docs: Vec<&str> = fixed.split("\n---").collect();
+    let orchestrator = docs
+        .iter()
+        .find(|d| d.contains("command: [\"/usr/local/bin/rollout-orchestrator\"]"))
+        .context("the orchestrator")?;
+    assert_eq!(env(orchestrator, "SLEUTH_AGENT_WORKERS").as_deref(), Some("value: \"ci-release-agent:50052\""));
+    assert!(!fixed.contains("kind: Role") && !fixed.contains("serviceAccountName"));
+    Ok(())
+}

@@ -240,7 +240,7 @@ async fn flat_groups_never_stall_a_run() -> Result<()> {
         .create_run(rollout::CreateRunRequest { spec: Some(spec(&index, 1, 2, 2, 0, 4)), run_id: "flat".into() })
         .await?;
     // The learner sizes its steps (2 groups) and staleness (0) from the spec.
-    let learner = mesh.learner("flat", scratch.path(), &orchestrator)?;
+    let learner = mesh.learner("flat", scratch.path(), &scratch.path().join("learner.db"), &orchestrator)?;
     let succeeded = |run: &rollout::Run| run.status == rollout::RunStatus::Succeeded as i32;
     let finished = wait_for(&mut client, "flat", Duration::from_secs(90), succeeded).await?;
     assert_eq!(published(&finished), 6);
@@ -541,4 +541,61 @@ fn log_block<'a>(log: &'a str, span_id: &str) -> &'a str {
     let at = log.find(&format!("ID             : {span_id}")).unwrap_or(log.len());
     let end = log[at..].find("Span #").map_or(log.len(), |n| at + n);
     &log[at..end]
+}
+
+/// Agent workers found through Kubernetes (a fake API server speaking the
+/// real list and watch protocol): the orchestrator follows the agents'
+/// EndpointSlices, so agents scaled up take episodes and an agent that
+/// stops being ready takes no more, with no restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_scaled_through_kubernetes_take_episodes_without_a_restart() -> Result<()> {
+    use sleuth_testkit::kube_api::FakeKubeApi;
+    let scratch = tempfile::tempdir()?;
+    let Policies { index, searcher, .. } = policies(scratch.path()).await?;
+    let mesh = Mesh::with_agents(&searcher, &index, 3)?;
+    mesh.client().await?;
+    let api = FakeKubeApi::start().await?;
+    // Each test agent listens on its own port: one slice per pod.
+    let port = |i: usize| -> Result<u16> { Ok(mesh.agents[i].addr.rsplit(':').next().context("port")?.parse()?) };
+    let slice = |i: usize, ready: bool| -> Result<()> {
+        api.set_slice("agent", &format!("agent-{i}"), "grpc", port(i)?, &[("127.0.0.1", ready)]);
+        Ok(())
+    };
+    slice(0, true)?;
+    let kube = [
+        ("SLEUTH_AGENT_WORKERS", "kube://agent:grpc".to_owned()),
+        ("KUBECONFIG", api.kubeconfig().display().to_string()),
+    ];
+    let (orchestrator, mut client) = mesh.orchestrator_with(&scratch.path().join("runs.db"), &kube).await?;
+    let episodes = |i: usize| mesh.agents[i].log().matches("episode finished").count();
+    let run = async |client: &mut OrchestratorClient<sleuth_kit::client::MeshChannel>, id: &str| -> Result<()> {
+        client
+            .create_run(rollout::CreateRunRequest { spec: Some(spec(&index, 2, 2, 2, 100, 2)), run_id: id.into() })
+            .await?;
+        let done =
+            wait_for(client, id, Duration::from_secs(180), |r| r.status != rollout::RunStatus::Running as i32).await?;
+        anyhow::ensure!(done.status == rollout::RunStatus::Succeeded as i32, "{}", done.status_detail);
+        Ok(())
+    };
+
+    run(&mut client, "one-agent").await?;
+    let first = [episodes(0), episodes(1), episodes(2)];
+    assert!(first[0] >= 12 && first[1] == 0 && first[2] == 0, "only the listed agent works: {first:?}");
+
+    // kubectl scale up, and the first pod terminating: its endpoint turns unready.
+    slice(1, true)?;
+    slice(2, true)?;
+    slice(0, false)?;
+    sleuth_testkit::kube_api::eventually("the orchestrator following", Duration::from_secs(20), || {
+        let log = orchestrator.log();
+        log.matches("agent worker joined").count() >= 3 && log.contains("agent worker left")
+    })
+    .await
+    .with_context(|| orchestrator.log())?;
+    run(&mut client, "scaled").await?;
+    let second = [episodes(0) - first[0], episodes(1), episodes(2)];
+    assert_eq!(second[0], 0, "the unready agent gets no episode: {second:?}");
+    assert!(second[1] > 0 && second[2] > 0 && second[1] + second[2] >= 12, "spread over the new agents: {second:?}");
+    eprintln!("kubernetes discovery: episodes per agent {first:?} with one agent listed, then {second:?}");
+    Ok(())
 }

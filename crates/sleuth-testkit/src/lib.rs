@@ -1,12 +1,14 @@
 //! Real servers for tests, on loopback ports, started on demand and stopped
 //! when the handle is dropped: Redis, PostgreSQL, an S3 API server (moto) and
-//! an OpenTelemetry collector (rotel).
+//! an OpenTelemetry collector (rotel); and, in-process, a fake Kubernetes
+//! API server for discovery ([`kube_api`]).
 //!
 //! Binaries are found on `PATH`, then in the project venv (`$SLEUTH_VENV`,
 //! default `~/.cache/sleuth/venv`) and, for PostgreSQL, in Debian's
 //! `/usr/lib/postgresql/<version>/bin`. `make setup` installs all of them; a
 //! missing one fails the test with a message that says so.
 
+pub mod kube_api;
 pub mod service;
 
 use std::fs::File;

@@ -20,3 +20,16 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- $c := index $root.Values.components $key -}}
 {{- printf "%s-%s:%d" (include "sleuth.fullname" $root) $c.binary (int $c.port) -}}
 {{- end -}}
+
+{{/* Where a component's replicas are for the services that spread work over
+them (agents, policy servers): with discovery.kubernetes, the ready pods of
+its Service, watched through EndpointSlices; else the Service's address. */}}
+{{- define "sleuth.replicas" -}}
+{{- $root := index . 0 -}}{{- $key := index . 1 -}}
+{{- if $root.Values.discovery.kubernetes -}}
+{{- $c := index $root.Values.components $key -}}
+{{- printf "kube://%s-%s:grpc" (include "sleuth.fullname" $root) $c.binary -}}
+{{- else -}}
+{{- include "sleuth.address" . -}}
+{{- end -}}
+{{- end -}}

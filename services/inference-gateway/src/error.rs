@@ -41,6 +41,8 @@ pub enum Error {
     Store(#[from] sleuth_store::StoreError),
     #[error(transparent)]
     Kit(#[from] KitError),
+    #[error(transparent)]
+    Discovery(#[from] sleuth_discovery::DiscoveryError),
 }
 
 impl ServiceError for Error {
@@ -59,6 +61,7 @@ impl ServiceError for Error {
             Error::Internal(_) | Error::Chat(_) => ErrorKind::Internal,
             Error::Store(error) => error.kind(),
             Error::Kit(error) => error.kind(),
+            Error::Discovery(error) => error.kind(),
         }
     }
 }

@@ -51,7 +51,9 @@ pub struct Config {
     #[command(flatten)]
     pub redis: RedisArgs,
 
-    /// Policy-server replicas (host:port), comma separated; each episode sticks to one.
+    /// Policy-server replicas, comma separated: `host:port`, or
+    /// `kube://SERVICE[.NAMESPACE]:PORT` for a Kubernetes Service's ready
+    /// pods, followed as they come and go; each episode sticks to one.
     #[arg(long, env = "SLEUTH_POLICY_SERVERS", value_delimiter = ',', default_value = "127.0.0.1:50055")]
     pub policy_servers: Vec<String>,
 
@@ -98,9 +100,8 @@ pub async fn run(
     if config.policy_servers.is_empty() {
         return Err(Error::InvalidArgument("policy_servers must name at least one replica".to_owned()));
     }
-    // A static list today; a DNS or Kubernetes `Discover` stream plugs in here.
     let policy = routing::Replicas::empty(token.as_ref(), config.policy_timeout)
-        .discover(routing::static_list(&config.policy_servers));
+        .discover(sleuth_discovery::discover("policy_servers", &config.policy_servers).await?);
     let handlers = std::sync::Arc::new(Handlers {
         renderer,
         traces: episode::TraceStore::new(redis.clone(), config.trace_ttl),
@@ -122,7 +123,9 @@ pub async fn run(
         }
     });
     let mut service = GrpcService::new(InferenceGatewayServer::from_arc(handlers)).with_probe(redis.probe());
-    for address in &config.policy_servers {
+    // Fixed replicas must answer before the gateway serves; discovered ones
+    // are ready endpoints already.
+    for address in config.policy_servers.iter().filter(|a| !a.starts_with("kube://")) {
         service = service.with_probe(sleuth_kit::client::upstream_probe(
             "policy-server",
             address,

@@ -151,7 +151,9 @@ pub struct Config {
     #[arg(long, env = "SLEUTH_MAX_STEPS", default_value_t = 0)]
     pub max_steps: u64,
 
-    /// Policy servers to publish each step's weights to (host:port, comma separated).
+    /// Policy servers to publish each step's weights to, comma separated:
+    /// `host:port`, or `kube://SERVICE[.NAMESPACE]:PORT` for a Kubernetes
+    /// Service's ready pods (one that joins is brought to the current version).
     #[arg(long, env = "SLEUTH_POLICY_SERVERS", value_delimiter = ',')]
     pub policy_servers: Vec<String>,
 

@@ -55,6 +55,8 @@ pub enum Error {
     #[error(transparent)]
     Store(#[from] sleuth_store::StoreError),
     #[error(transparent)]
+    Discovery(#[from] sleuth_discovery::DiscoveryError),
+    #[error(transparent)]
     Torch(#[from] sleuth_torch::TorchError),
     #[error(transparent)]
     Model(#[from] sleuth_model::ModelError),
@@ -79,6 +81,7 @@ impl ServiceError for Error {
             Error::InvalidArgument(_) => ErrorKind::InvalidArgument,
             Error::Kit(error) => error.kind(),
             Error::Store(error) => error.kind(),
+            Error::Discovery(error) => error.kind(),
             Error::Torch(error) => error.kind(),
             Error::Collective(_) => ErrorKind::Unavailable,
             Error::Train(_) | Error::Model(_) | Error::Checkpoint(_) => ErrorKind::Internal,
@@ -296,6 +299,13 @@ pub async fn run(
             max_steps: config.max_steps,
             start_model_uri: config.start_model_uri.clone(),
         };
+        let publisher = publish::Publisher::new(
+            &config.policy_servers,
+            config.publish.token()?.or(token.clone()).as_ref(),
+            config.publish_timeout,
+        )?;
+        // Pods of a `kube://` Service join (and leave) as they become ready.
+        publisher.follow(sleuth_discovery::discover("policy_servers", &config.policy_servers).await?);
         let sources = Sources {
             redis: redis.clone(),
             patience: config.fault_patience,
@@ -303,11 +313,7 @@ pub async fn run(
             checkpoints: checkpoints.clone(),
             keep_checkpoints: config.keep_checkpoints,
             database: database.clone(),
-            publisher: publish::Publisher::new(
-                &config.policy_servers,
-                config.publish.token()?.or(token.clone()).as_ref(),
-                config.publish_timeout,
-            )?,
+            publisher,
             model_dir,
             model_config,
             run: match &config.orchestrator {

@@ -8,14 +8,17 @@
 //! its episodes carry their old version in their traces, and the learner
 //! drops them as stale once they are more than `max_staleness` behind.
 
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
 use sleuth_kit::client::MeshChannel;
 use sleuth_proto::policy::v1::policy_server_client::PolicyServerClient;
 use sleuth_proto::policy::v1::{
     DType, GetModelInfoRequest, TensorChunk, UpdateWeightsRequest, WeightsHeader, update_weights_request::Part,
 };
 use tch::{Device, Kind, Tensor};
+use tower::discover::Change;
 use tracing::Instrument as _;
 
 use crate::Error;
@@ -61,10 +64,20 @@ pub fn update_requests(version: u64, tensors: &[(String, Tensor)]) -> Vec<Update
     requests
 }
 
-/// The policy servers a learner publishes to.
+type Server = (String, PolicyServerClient<MeshChannel>);
+
+/// The policy servers a learner publishes to: fixed addresses, or the
+/// ready pods of a Kubernetes Service as they come and go ([`Publisher::follow`]).
+/// A pod that joins serves its base weights; the next check for servers
+/// behind the learner (while it waits for groups) or the next step's
+/// publication brings it to the current version.
 #[derive(Clone)]
 pub struct Publisher {
-    servers: Vec<(String, PolicyServerClient<MeshChannel>)>,
+    servers: Arc<RwLock<Vec<Server>>>,
+    /// Whether any server was configured: with none, no weights were ever
+    /// served, even while discovery has found no pod yet.
+    configured: bool,
+    token: Option<sleuth_kit::BearerToken>,
     /// Deadline of each server's UpdateWeights: a hung server fails its
     /// publication (and is caught up later) instead of stalling the step.
     timeout: Duration,
@@ -85,48 +98,90 @@ pub struct Published {
 }
 
 impl Publisher {
+    /// Publishes to the fixed entries of `addresses` at once; the
+    /// `kube://` ones join through [`Publisher::follow`].
     pub fn new(
         addresses: &[String],
         token: Option<&sleuth_kit::BearerToken>,
         timeout: Duration,
     ) -> Result<Self, sleuth_kit::KitError> {
-        let servers = addresses
-            .iter()
-            .filter(|a| !a.is_empty())
-            .map(|a| Ok((a.clone(), PolicyServerClient::new(sleuth_kit::client::connect_lazy(a, token)?))))
-            .collect::<Result<_, sleuth_kit::KitError>>()?;
-        Ok(Self { servers, timeout })
+        let publisher = Self {
+            servers: Arc::default(),
+            configured: addresses.iter().any(|a| !a.is_empty()),
+            token: token.cloned(),
+            timeout,
+        };
+        for address in addresses.iter().filter(|a| !a.is_empty() && !a.starts_with("kube://")) {
+            publisher.apply(Change::Insert(address.clone(), address.clone()))?;
+        }
+        Ok(publisher)
     }
 
+    /// Keeps the servers up to date with `changes`, in the background.
+    pub fn follow(&self, mut changes: sleuth_discovery::Changes) {
+        let publisher = self.clone();
+        tokio::spawn(async move {
+            while let Some(Ok(change)) = changes.next().await {
+                if let Err(error) = publisher.apply(change) {
+                    tracing::error!(%error, "policy server left out of publication");
+                }
+            }
+        });
+    }
+
+    /// Adds or removes one server.
+    pub fn apply(&self, change: Change<String, String>) -> Result<(), sleuth_kit::KitError> {
+        let mut servers = self.servers.write().expect("servers");
+        match change {
+            Change::Insert(address, _) if !servers.iter().any(|(a, _)| *a == address) => {
+                let client = PolicyServerClient::new(sleuth_kit::client::connect_lazy(&address, self.token.as_ref())?);
+                tracing::info!(server = %address, servers = servers.len() + 1, "policy server joined publication");
+                servers.push((address, client));
+            }
+            Change::Insert(..) => {}
+            Change::Remove(address) => {
+                servers.retain(|(a, _)| *a != address);
+                tracing::info!(server = %address, servers = servers.len(), "policy server left publication");
+            }
+        }
+        Ok(())
+    }
+
+    /// True when no policy server is configured at all.
     pub fn is_empty(&self) -> bool {
-        self.servers.is_empty()
+        !self.configured
+    }
+
+    fn snapshot(&self) -> Vec<Server> {
+        self.servers.read().expect("servers").clone()
     }
 
     /// The version each server reports serving, in server order; `None`
     /// for a server that does not answer (it is left for the next check).
-    async fn served_versions(&self) -> Vec<Option<u64>> {
-        let calls = self.servers.iter().map(|(address, client)| {
+    async fn served_versions(&self) -> Vec<(String, Option<u64>)> {
+        let calls = self.snapshot().into_iter().map(|(address, client)| {
             let mut client = client.clone();
             async move {
-                match client.get_model_info(GetModelInfoRequest {}).await {
+                let served = match client.get_model_info(GetModelInfoRequest {}).await {
                     Ok(info) => Some(info.get_ref().policy_version),
                     Err(status) => {
                         tracing::debug!(server = %address, message = status.message(), "policy server did not report its version");
                         None
                     }
-                }
+                };
+                (address, served)
             }
         });
         futures::future::join_all(calls).await
     }
 
-    /// The servers (indices) serving a version older than `version`.
-    pub async fn behind(&self, version: u64) -> Vec<usize> {
+    /// The servers serving a version older than `version`.
+    pub async fn behind(&self, version: u64) -> Vec<String> {
         let mut behind = Vec::new();
-        for (index, served) in self.served_versions().await.into_iter().enumerate() {
+        for (address, served) in self.served_versions().await {
             if let Some(serves) = served.filter(|&v| v < version) {
-                tracing::warn!(server = %self.servers[index].0, serves, current = version, "policy server behind the learner; publishing the current weights to it");
-                behind.push(index);
+                tracing::warn!(server = %address, serves, current = version, "policy server behind the learner; publishing the current weights to it");
+                behind.push(address);
             }
         }
         behind
@@ -134,24 +189,27 @@ impl Publisher {
 
     /// The newest version any server reports serving (0 when none answers).
     pub async fn newest_served(&self) -> u64 {
-        self.served_versions().await.into_iter().flatten().max().unwrap_or(0)
+        self.served_versions().await.into_iter().filter_map(|(_, served)| served).max().unwrap_or(0)
     }
 
     /// Sends `requests` to every server concurrently.
     pub async fn publish(&self, requests: Vec<UpdateWeightsRequest>) -> Published {
-        self.publish_to(&(0..self.servers.len()).collect::<Vec<_>>(), requests).await
+        let all: Vec<String> = self.snapshot().into_iter().map(|(address, _)| address).collect();
+        self.publish_to(&all, requests).await
     }
 
-    /// Sends `requests` to the servers at `indices` concurrently.
-    pub async fn publish_to(&self, indices: &[usize], requests: Vec<UpdateWeightsRequest>) -> Published {
+    /// Sends `requests` to the servers at `addresses` (those still known) concurrently.
+    pub async fn publish_to(&self, addresses: &[String], requests: Vec<UpdateWeightsRequest>) -> Published {
         let started = Instant::now();
         let version = requests.iter().find_map(|r| match &r.part {
             Some(Part::Header(header)) => Some(header.version),
             _ => None,
         });
         // One trace per publication, whichever step or republication sent it.
-        let span = tracing::info_span!(parent: None, "publish_weights", version, servers = indices.len());
-        let calls = indices.iter().filter_map(|&i| self.servers.get(i)).map(|(address, client)| {
+        let span = tracing::info_span!(parent: None, "publish_weights", version, servers = addresses.len());
+        let servers = self.snapshot();
+        let targets = servers.iter().filter(|(address, _)| addresses.contains(address));
+        let calls = targets.map(|(address, client)| {
             let mut client = client.clone();
             let requests = requests.clone();
             let stream = tokio_stream::iter(requests);

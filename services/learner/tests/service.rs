@@ -607,3 +607,71 @@ async fn a_second_learner_waits_and_a_stuck_one_is_fenced_off() -> Result<()> {
     assert_eq!(recorded_steps(&env.database, "fenced").await?, (1..=STEPS).collect::<Vec<_>>());
     Ok(())
 }
+
+/// Publication targets found through Kubernetes (a fake API server speaking
+/// the real list and watch protocol): a policy-server pod that becomes ready
+/// after the learner published version 1 is brought to it, with no restart;
+/// one that stops being ready is left out of publication.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_pod_that_joins_through_kubernetes_gets_the_current_weights() -> Result<()> {
+    use sleuth_proto::policy::v1::GetModelInfoRequest;
+    use sleuth_proto::policy::v1::policy_server_client::PolicyServerClient;
+    use sleuth_testkit::kube_api::FakeKubeApi;
+
+    let scratch = tempfile::tempdir()?;
+    let (env, _redis_server) = Env::start(scratch.path())?;
+    let redis = RedisStore::open(&env.redis_url)?;
+    for i in 0..2 {
+        publish(&redis, "joined", &group(i, false).encode_to_vec()).await?;
+    }
+    let api = FakeKubeApi::start().await?;
+    let checkpoints = scratch.path().join("checkpoints").join("joined");
+    let mut learner = learner_command(&env, "joined", &checkpoints, 0)?
+        .env("SLEUTH_POLICY_SERVERS", "kube://policy:grpc")
+        .env("KUBECONFIG", api.kubeconfig())
+        .env("SLEUTH_LOG", "info")
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+    let mut stderr = learner.stderr.take().context("stderr")?;
+    let log = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = std::io::Read::read_to_string(&mut stderr, &mut text);
+        text
+    });
+    until_step(&env, "joined", 1, &mut learner).await?;
+
+    // A policy-server pod becomes ready: its endpoint appears in the Service's slice.
+    let (policy_addr, _policy) = sleuth_testkit::start_service!(
+        policy_server,
+        [
+            "policy-server",
+            "--listen",
+            "127.0.0.1:0",
+            "--device",
+            "cpu",
+            "--dtype",
+            "f32",
+            "--model",
+            env.model.to_str().context("utf-8")?
+        ]
+    );
+    sleuth_testkit::service::wait_serving(&policy_addr, "sleuth.policy.v1.PolicyServer").await?;
+    let port: u16 = policy_addr.rsplit(':').next().context("port")?.parse()?;
+    api.set_slice("policy", "policy-a", "grpc", port, &[("127.0.0.1", true)]);
+    let mut policy =
+        PolicyServerClient::new(sleuth_kit::client::connect(&policy_addr, None, Duration::from_secs(5)).await?);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let served = policy.get_model_info(GetModelInfoRequest {}).await?.into_inner().policy_version;
+        if served == 1 {
+            break;
+        }
+        ensure!(Instant::now() < deadline, "the joining policy pod still serves version {served}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let _ = learner.kill();
+    let _ = learner.wait();
+    let text = log.join().unwrap_or_default();
+    assert!(text.contains("policy server joined publication"), "{text}");
+    Ok(())
+}

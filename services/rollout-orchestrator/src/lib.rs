@@ -62,7 +62,9 @@ pub struct Config {
     #[command(flatten)]
     pub redis: RedisArgs,
 
-    /// Agent workers (host:port), comma separated.
+    /// Agent workers, comma separated: `host:port`, or
+    /// `kube://SERVICE[.NAMESPACE]:PORT` for a Kubernetes Service's ready
+    /// pods, followed as they come and go (see `sleuth_discovery`).
     #[arg(long, env = "SLEUTH_AGENT_WORKERS", value_delimiter = ',', default_value = "127.0.0.1:50052")]
     pub agent_workers: Vec<String>,
 
@@ -99,6 +101,8 @@ pub enum Error {
     Kit(#[from] KitError),
     #[error(transparent)]
     Store(#[from] sleuth_store::StoreError),
+    #[error(transparent)]
+    Discovery(#[from] sleuth_discovery::DiscoveryError),
 }
 
 impl ServiceError for Error {
@@ -106,6 +110,7 @@ impl ServiceError for Error {
         match self {
             Error::Kit(error) => error.kind(),
             Error::Store(error) => error.kind(),
+            Error::Discovery(error) => error.kind(),
         }
     }
 }
@@ -116,8 +121,10 @@ pub struct Handlers {
     evaluator: evaluate::Evaluator,
 }
 
-fn internal(error: impl std::fmt::Display) -> Status {
-    Status::internal(error.to_string())
+/// A store's failure as its caller sees it: the kit's code for it
+/// (`Unavailable` for a database or Redis error), and its whole cause chain.
+fn internal(error: sleuth_store::StoreError) -> Status {
+    sleuth_kit::error::into_status(&error)
 }
 
 impl Handlers {
@@ -290,6 +297,7 @@ pub async fn run(
     let token = config.serve.bearer_token()?;
     let state = state::State::open(database.clone()).await?;
     let workers = workers::Workers::new(&config.agent_workers, token.as_ref(), config.fault_patience)?;
+    workers.follow(sleuth_discovery::discover("agent_workers", &config.agent_workers).await?);
     let tools = match &config.tool_gateway {
         Some(address) => Some(sleuth_proto::tools::v1::tool_gateway_client::ToolGatewayClient::new(
             sleuth_kit::client::connect_lazy(address, token.as_ref())?,

@@ -1,24 +1,28 @@
-//! The agent workers episodes run on: a static list of addresses, each
-//! episode sent to the least-loaded live worker. A worker that fails (process
-//! gone, connection refused, overloaded) is skipped for a while and the
-//! episode goes to another one. `Workers` is where DNS or Kubernetes
-//! discovery would plug in.
+//! The agent workers episodes run on, each episode sent to the least-loaded
+//! live worker. A worker that fails (process gone, connection refused,
+//! overloaded) is skipped for a while and the episode goes to another one.
+//! The set follows discovery ([`Workers::follow`]): fixed addresses, or a
+//! Kubernetes Service's ready pods, so workers scaled up take episodes at
+//! once, and a worker that leaves gets no new episode while the ones it
+//! runs finish.
 //!
 //! An episode that ends for a reason outside the policy (the tool gateway or
 //! the model endpoint failed, or its trace is missing) is rerun, never scored:
 //! scoring it would teach the policy that the infrastructure's failures are
 //! its own ([`Workers::run_to_policy_outcome`]).
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
 use sleuth_kit::client::MeshChannel;
 use sleuth_proto::agent::v1::agent_client::AgentClient;
 use sleuth_proto::agent::v1::{RunEpisodeRequest, RunEpisodeResponse};
 use sleuth_proto::common::v1::{Episode, EpisodeOutcome};
 use std::sync::Mutex;
 use tonic::Code;
+use tower::discover::Change;
 use tracing::Instrument as _;
 
 /// How long a failed worker is skipped.
@@ -48,7 +52,10 @@ struct Worker {
 
 #[derive(Clone)]
 pub struct Workers {
-    workers: Arc<Vec<Worker>>,
+    /// The current workers; an episode holds its worker while it runs.
+    workers: Arc<RwLock<Vec<Arc<Worker>>>>,
+    /// The mesh token the workers' channels send.
+    token: Option<sleuth_kit::BearerToken>,
     /// How long an episode keeps looking for a live worker before it fails.
     patience: Duration,
 }
@@ -63,37 +70,72 @@ pub enum Failure {
 }
 
 impl Workers {
+    /// Workers at the fixed entries of `addresses` at once; `kube://` ones
+    /// (and any others) join through [`Workers::follow`].
     pub fn new(
         addresses: &[String],
         token: Option<&sleuth_kit::BearerToken>,
         patience: Duration,
     ) -> Result<Self, sleuth_kit::KitError> {
-        let workers = addresses
-            .iter()
-            .filter(|a| !a.is_empty())
-            .map(|address| {
-                Ok(Worker {
-                    address: address.clone(),
-                    client: AgentClient::new(sleuth_kit::client::connect_lazy(address, token)?),
+        let workers = Self { workers: Arc::default(), token: token.cloned(), patience };
+        for address in addresses.iter().filter(|a| !a.is_empty() && !a.starts_with("kube://")) {
+            workers.apply(Change::Insert(address.clone(), address.clone()))?;
+        }
+        Ok(workers)
+    }
+
+    /// Keeps the set up to date with `changes`, in the background, for as
+    /// long as the stream runs.
+    pub fn follow(&self, mut changes: sleuth_discovery::Changes) {
+        let workers = self.clone();
+        tokio::spawn(async move {
+            while let Some(Ok(change)) = changes.next().await {
+                if let Err(error) = workers.apply(change) {
+                    tracing::error!(%error, "agent worker left out");
+                }
+            }
+        });
+    }
+
+    /// Adds or removes one worker. A removed worker's running episodes finish.
+    pub fn apply(&self, change: Change<String, String>) -> Result<(), sleuth_kit::KitError> {
+        let mut workers = self.workers.write().expect("workers");
+        match change {
+            Change::Insert(address, _) if !workers.iter().any(|w| w.address == address) => {
+                let client = AgentClient::new(sleuth_kit::client::connect_lazy(&address, self.token.as_ref())?);
+                tracing::info!(worker = %address, workers = workers.len() + 1, "agent worker joined");
+                workers.push(Arc::new(Worker {
+                    address,
+                    client,
                     in_flight: AtomicUsize::new(0),
                     failed_at: Mutex::new(None),
-                })
-            })
-            .collect::<Result<Vec<_>, sleuth_kit::KitError>>()?;
-        Ok(Self { workers: Arc::new(workers), patience })
+                }));
+            }
+            Change::Insert(..) => {}
+            Change::Remove(address) => {
+                workers.retain(|w| w.address != address);
+                tracing::info!(worker = %address, workers = workers.len(), "agent worker left; its running episodes finish");
+            }
+        }
+        Ok(())
     }
 
     pub fn len(&self) -> usize {
-        self.workers.len()
+        self.workers.read().expect("workers").len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.workers.is_empty()
+        self.len() == 0
+    }
+
+    /// The workers' addresses, in the order they joined.
+    pub fn addresses(&self) -> Vec<String> {
+        self.workers.read().expect("workers").iter().map(|w| w.address.clone()).collect()
     }
 
     /// Workers in the order to try them: live ones by load, benched ones last.
-    fn order(&self) -> Vec<&Worker> {
-        let mut workers: Vec<&Worker> = self.workers.iter().collect();
+    fn order(&self) -> Vec<Arc<Worker>> {
+        let mut workers: Vec<Arc<Worker>> = self.workers.read().expect("workers").clone();
         workers.sort_by_key(|w| {
             let benched = w.failed_at.lock().expect("lock").is_some_and(|at| at.elapsed() < BENCH);
             (benched, w.in_flight.load(Ordering::Relaxed))
@@ -165,7 +207,7 @@ impl Workers {
         let (mut attempts, mut reruns) = (0usize, 0u32);
         loop {
             let first = attempts;
-            attempts += self.workers.len().max(1);
+            attempts += self.len().max(1);
             match self.run_episode(request.clone(), |i| attempt_id(first + i)).await {
                 Ok(response) => {
                     let episode = response.episode.ok_or("agent returned no episode")?;
