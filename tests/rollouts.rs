@@ -599,3 +599,73 @@ async fn agents_scaled_through_kubernetes_take_episodes_without_a_restart() -> R
     eprintln!("kubernetes discovery: episodes per agent {first:?} with one agent listed, then {second:?}");
     Ok(())
 }
+
+/// Policy replicas found through Kubernetes: the inference gateway serves
+/// turns on the ready replica its Service lists; when that pod goes away and
+/// another becomes ready, the gateway drops the first and serves on the
+/// second, with no restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policy_replicas_join_and_leave_the_gateway_through_kubernetes() -> Result<()> {
+    use sleuth_proto::common::v1::{ChatMessage, SamplingParams};
+    use sleuth_proto::inference::v1::ChatRequest;
+    use sleuth_proto::inference::v1::inference_gateway_client::InferenceGatewayClient;
+    use sleuth_testkit::kube_api::{FakeKubeApi, eventually};
+
+    let scratch = tempfile::tempdir()?;
+    let Policies { searcher, .. } = policies(scratch.path()).await?;
+    let redis = sleuth_testkit::redis()?;
+    let replica = || {
+        ServiceProcess::start(
+            "policy-server",
+            &[
+                ("SLEUTH_MODEL", searcher.display().to_string()),
+                ("SLEUTH_DEVICE", "cpu".into()),
+                ("SLEUTH_DTYPE", "f32".into()),
+            ],
+        )
+    };
+    let (mut first, second) = (replica()?, replica()?);
+    let port = |p: &ServiceProcess| -> Result<u16> { Ok(p.addr.rsplit(':').next().context("port")?.parse()?) };
+    let api = FakeKubeApi::start().await?;
+    api.set_slice("policy", "policy-a", "grpc", port(&first)?, &[("127.0.0.1", true)]);
+    let gateway = ServiceProcess::start(
+        "inference-gateway",
+        &[
+            ("SLEUTH_MODEL", searcher.display().to_string()),
+            ("SLEUTH_REDIS_URL", sleuth_testkit::redis_url(&redis)),
+            ("SLEUTH_POLICY_SERVERS", "kube://policy:grpc".into()),
+            ("KUBECONFIG", api.kubeconfig().display().to_string()),
+        ],
+    )?;
+    sleuth_testkit::service::wait_serving(&gateway.addr, "sleuth.inference.v1.InferenceGateway").await?;
+    let mut client = InferenceGatewayClient::new(connect(&gateway.addr, None, Duration::from_secs(5)).await?);
+    let turn = |episode: String| ChatRequest {
+        episode_id: episode,
+        messages: vec![ChatMessage { role: "user".into(), content: "why does it rain".into(), ..Default::default() }],
+        sampling: Some(SamplingParams { temperature: Some(0.0), max_new_tokens: 8, ..Default::default() }),
+        ..Default::default()
+    };
+
+    // The listed replica serves (once the watch has listed it).
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while client.chat(turn("on-first".into())).await.is_err() {
+        anyhow::ensure!(std::time::Instant::now() < deadline, "no turn served\n{}", gateway.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // Its pod terminates (unready, then gone) and another one becomes ready.
+    api.set_slice("policy", "policy-a", "grpc", port(&first)?, &[("127.0.0.1", false)]);
+    first.kill()?;
+    api.set_slice("policy", "policy-b", "grpc", port(&second)?, &[("127.0.0.1", true)]);
+    eventually("the gateway following", Duration::from_secs(20), || {
+        let log = gateway.log();
+        log.contains("policy replica left") && log.matches("policy replica joined").count() == 2
+    })
+    .await
+    .with_context(|| gateway.log())?;
+    for i in 0..4 {
+        let reply = client.chat(turn(format!("on-second-{i}"))).await?.into_inner();
+        anyhow::ensure!(reply.message.is_some(), "turn {i} has no reply");
+    }
+    Ok(())
+}
