@@ -15,12 +15,16 @@
 //! are inserted; one that stops being ready, or whose pod goes away, is
 //! removed, and consumers drain it: no new work, in-flight work finishes.
 //!
+//! Consumers that keep one thing per address (a client, a worker's load)
+//! hold them in [`Members`].
+//!
 //! The Kubernetes client is configured as kubectl's is (`KUBECONFIG`, then
 //! the pod's service account); it needs get/list/watch on endpointslices.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::convert::Infallible;
 use std::pin::Pin;
+use std::sync::{Arc, RwLock};
 
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -153,6 +157,93 @@ pub fn watch(
             futures::stream::iter(changes.into_iter().map(Ok))
         })
         .boxed()
+}
+
+/// The current members of an address list, each made once from its address
+/// when it joins (a client, a worker with its load counters) and dropped
+/// from the set when it leaves; whoever still holds one (an episode running
+/// on a worker) keeps it until done.
+pub struct Members<T> {
+    /// What a member is, for the logs ("agent worker").
+    role: &'static str,
+    /// Each member with its address, in the order they joined.
+    current: Arc<RwLock<Vec<Member<T>>>>,
+    /// Builds a member from its address.
+    make: Arc<Make<T>>,
+}
+
+/// A member and its address.
+type Member<T> = (String, Arc<T>);
+/// How a member is built from its address.
+type Make<T> = dyn Fn(&str) -> Result<T, sleuth_kit::KitError> + Send + Sync;
+
+impl<T> Clone for Members<T> {
+    fn clone(&self) -> Self {
+        Self { role: self.role, current: self.current.clone(), make: self.make.clone() }
+    }
+}
+
+impl<T: Send + Sync + 'static> Members<T> {
+    /// An empty set whose members `make` builds from their addresses.
+    pub fn new(
+        role: &'static str,
+        make: impl Fn(&str) -> Result<T, sleuth_kit::KitError> + Send + Sync + 'static,
+    ) -> Self {
+        Self { role, current: Arc::default(), make: Arc::new(make) }
+    }
+
+    /// The fixed `host:port` entries of `entries` join at once (the
+    /// `kube://` ones through [`Members::follow`]).
+    pub fn with_fixed(self, entries: &[String]) -> Result<Self, sleuth_kit::KitError> {
+        for address in entries.iter().filter(|a| !a.is_empty() && !a.starts_with("kube://")) {
+            self.apply(Change::Insert(address.clone(), address.clone()))?;
+        }
+        Ok(self)
+    }
+
+    /// Keeps the set up to date with `changes`, in the background, for as
+    /// long as the stream runs.
+    pub fn follow(&self, mut changes: Changes) {
+        let members = self.clone();
+        tokio::spawn(async move {
+            while let Some(Ok(change)) = changes.next().await {
+                if let Err(error) = members.apply(change) {
+                    tracing::error!(role = members.role, %error, "member left out");
+                }
+            }
+        });
+    }
+
+    /// Adds or removes one member; an address already in is left as it is.
+    pub fn apply(&self, change: Change<String, String>) -> Result<(), sleuth_kit::KitError> {
+        let mut current = self.current.write().expect("members");
+        match change {
+            Change::Insert(address, _) if !current.iter().any(|(a, _)| *a == address) => {
+                let member = (self.make)(&address)?;
+                tracing::info!(%address, members = current.len() + 1, "{} joined", self.role);
+                current.push((address, Arc::new(member)));
+            }
+            Change::Insert(..) => {}
+            Change::Remove(address) => {
+                current.retain(|(a, _)| *a != address);
+                tracing::info!(%address, members = current.len(), "{} left", self.role);
+            }
+        }
+        Ok(())
+    }
+
+    /// The members now, in the order they joined.
+    pub fn current(&self) -> Vec<(String, Arc<T>)> {
+        self.current.read().expect("members").clone()
+    }
+
+    pub fn len(&self) -> usize {
+        self.current.read().expect("members").len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 /// The ready addresses of each slice, and the changes an event makes to their union.

@@ -157,6 +157,26 @@ impl Database {
         Ok(())
     }
 
+    /// The learner's metrics of each recorded step of `run_id` (table
+    /// `learner_steps`: every field of its `StepStats` and more, as JSON), in
+    /// step order. The learner writes them; its resume logic and the
+    /// orchestrator's dashboard read them.
+    pub async fn learner_steps(&self, run_id: &str) -> Result<Vec<(u64, serde_json::Value)>, StoreError> {
+        let failed = |source| StoreError::Sql { url: self.url.clone(), source };
+        let rows = sqlx::query("SELECT step, metrics FROM learner_steps WHERE run_id = $1 ORDER BY step")
+            .bind(run_id)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(failed)?;
+        rows.iter()
+            .map(|row| {
+                let step: i64 = row.try_get("step").map_err(failed)?;
+                let text: String = row.try_get("metrics").map_err(failed)?;
+                Ok((step as u64, serde_json::from_str(&text).unwrap_or_default()))
+            })
+            .collect()
+    }
+
     /// Readiness probe: the database answers a query.
     pub fn probe(&self) -> Arc<dyn sleuth_kit::Probe> {
         let database = self.clone();

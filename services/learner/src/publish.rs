@@ -8,17 +8,15 @@
 //! its episodes carry their old version in their traces, and the learner
 //! drops them as stale once they are more than `max_staleness` behind.
 
-use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
+use sleuth_discovery::Members;
 use sleuth_kit::client::MeshChannel;
 use sleuth_proto::policy::v1::policy_server_client::PolicyServerClient;
 use sleuth_proto::policy::v1::{
     DType, GetModelInfoRequest, TensorChunk, UpdateWeightsRequest, WeightsHeader, update_weights_request::Part,
 };
 use tch::{Device, Kind, Tensor};
-use tower::discover::Change;
 use tracing::Instrument as _;
 
 use crate::Error;
@@ -64,8 +62,6 @@ pub fn update_requests(version: u64, tensors: &[(String, Tensor)]) -> Vec<Update
     requests
 }
 
-type Server = (String, PolicyServerClient<MeshChannel>);
-
 /// The policy servers a learner publishes to: fixed addresses, or the
 /// ready pods of a Kubernetes Service as they come and go ([`Publisher::follow`]).
 /// A pod that joins serves its base weights; the next check for servers
@@ -73,11 +69,10 @@ type Server = (String, PolicyServerClient<MeshChannel>);
 /// publication brings it to the current version.
 #[derive(Clone)]
 pub struct Publisher {
-    servers: Arc<RwLock<Vec<Server>>>,
+    servers: Members<PolicyServerClient<MeshChannel>>,
     /// Whether any server was configured: with none, no weights were ever
     /// served, even while discovery has found no pod yet.
     configured: bool,
-    token: Option<sleuth_kit::BearerToken>,
     /// Deadline of each server's UpdateWeights: a hung server fails its
     /// publication (and is caught up later) instead of stalling the step.
     timeout: Duration,
@@ -105,46 +100,20 @@ impl Publisher {
         token: Option<&sleuth_kit::BearerToken>,
         timeout: Duration,
     ) -> Result<Self, sleuth_kit::KitError> {
-        let publisher = Self {
-            servers: Arc::default(),
-            configured: addresses.iter().any(|a| !a.is_empty()),
-            token: token.cloned(),
-            timeout,
-        };
-        for address in addresses.iter().filter(|a| !a.is_empty() && !a.starts_with("kube://")) {
-            publisher.apply(Change::Insert(address.clone(), address.clone()))?;
-        }
-        Ok(publisher)
-    }
-
-    /// Keeps the servers up to date with `changes`, in the background.
-    pub fn follow(&self, mut changes: sleuth_discovery::Changes) {
-        let publisher = self.clone();
-        tokio::spawn(async move {
-            while let Some(Ok(change)) = changes.next().await {
-                if let Err(error) = publisher.apply(change) {
-                    tracing::error!(%error, "policy server left out of publication");
-                }
-            }
+        let token = token.cloned();
+        let servers = Members::new("publication target", move |address| {
+            Ok(PolicyServerClient::new(sleuth_kit::client::connect_lazy(address, token.as_ref())?))
         });
+        Ok(Self {
+            servers: servers.with_fixed(addresses)?,
+            configured: addresses.iter().any(|a| !a.is_empty()),
+            timeout,
+        })
     }
 
-    /// Adds or removes one server.
-    pub fn apply(&self, change: Change<String, String>) -> Result<(), sleuth_kit::KitError> {
-        let mut servers = self.servers.write().expect("servers");
-        match change {
-            Change::Insert(address, _) if !servers.iter().any(|(a, _)| *a == address) => {
-                let client = PolicyServerClient::new(sleuth_kit::client::connect_lazy(&address, self.token.as_ref())?);
-                tracing::info!(server = %address, servers = servers.len() + 1, "policy server joined publication");
-                servers.push((address, client));
-            }
-            Change::Insert(..) => {}
-            Change::Remove(address) => {
-                servers.retain(|(a, _)| *a != address);
-                tracing::info!(server = %address, servers = servers.len(), "policy server left publication");
-            }
-        }
-        Ok(())
+    /// Keeps the servers up to date with `changes` (see [`Members::follow`]).
+    pub fn follow(&self, changes: sleuth_discovery::Changes) {
+        self.servers.follow(changes);
     }
 
     /// True when no policy server is configured at all.
@@ -152,8 +121,8 @@ impl Publisher {
         !self.configured
     }
 
-    fn snapshot(&self) -> Vec<Server> {
-        self.servers.read().expect("servers").clone()
+    fn snapshot(&self) -> Vec<(String, PolicyServerClient<MeshChannel>)> {
+        self.servers.current().into_iter().map(|(address, client)| (address, (*client).clone())).collect()
     }
 
     /// The version each server reports serving, in server order; `None`

@@ -176,17 +176,5 @@ pub async fn record(
 
 /// The metrics of every recorded step of `run_id`, in step order.
 pub async fn steps(database: &Database, run_id: &str) -> Result<Vec<(u64, serde_json::Value)>, StoreError> {
-    use sqlx::Row;
-    let rows = sqlx::query("SELECT step, metrics FROM learner_steps WHERE run_id = $1 ORDER BY step")
-        .bind(run_id)
-        .fetch_all(database.pool())
-        .await
-        .map_err(|e| failed(database, e))?;
-    rows.iter()
-        .map(|row| {
-            let step: i64 = row.try_get("step").map_err(|e| failed(database, e))?;
-            let text: String = row.try_get("metrics").map_err(|e| failed(database, e))?;
-            Ok((step as u64, serde_json::from_str(&text).unwrap_or_default()))
-        })
-        .collect()
+    database.learner_steps(run_id).await
 }

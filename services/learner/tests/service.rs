@@ -672,6 +672,6 @@ async fn a_policy_pod_that_joins_through_kubernetes_gets_the_current_weights() -
     let _ = learner.kill();
     let _ = learner.wait();
     let text = log.join().unwrap_or_default();
-    assert!(text.contains("policy server joined publication"), "{text}");
+    assert!(text.contains("publication target joined"), "{text}");
     Ok(())
 }

@@ -11,18 +11,17 @@
 //! scoring it would teach the policy that the infrastructure's failures are
 //! its own ([`Workers::run_to_policy_outcome`]).
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
+use sleuth_discovery::Members;
 use sleuth_kit::client::MeshChannel;
 use sleuth_proto::agent::v1::agent_client::AgentClient;
 use sleuth_proto::agent::v1::{RunEpisodeRequest, RunEpisodeResponse};
 use sleuth_proto::common::v1::{Episode, EpisodeOutcome};
 use std::sync::Mutex;
 use tonic::Code;
-use tower::discover::Change;
 use tracing::Instrument as _;
 
 /// How long a failed worker is skipped.
@@ -53,9 +52,7 @@ struct Worker {
 #[derive(Clone)]
 pub struct Workers {
     /// The current workers; an episode holds its worker while it runs.
-    workers: Arc<RwLock<Vec<Arc<Worker>>>>,
-    /// The mesh token the workers' channels send.
-    token: Option<sleuth_kit::BearerToken>,
+    workers: Members<Worker>,
     /// How long an episode keeps looking for a live worker before it fails.
     patience: Duration,
 }
@@ -71,71 +68,41 @@ pub enum Failure {
 
 impl Workers {
     /// Workers at the fixed entries of `addresses` at once; `kube://` ones
-    /// (and any others) join through [`Workers::follow`].
+    /// join through [`Workers::follow`].
     pub fn new(
         addresses: &[String],
         token: Option<&sleuth_kit::BearerToken>,
         patience: Duration,
     ) -> Result<Self, sleuth_kit::KitError> {
-        let workers = Self { workers: Arc::default(), token: token.cloned(), patience };
-        for address in addresses.iter().filter(|a| !a.is_empty() && !a.starts_with("kube://")) {
-            workers.apply(Change::Insert(address.clone(), address.clone()))?;
-        }
-        Ok(workers)
-    }
-
-    /// Keeps the set up to date with `changes`, in the background, for as
-    /// long as the stream runs.
-    pub fn follow(&self, mut changes: sleuth_discovery::Changes) {
-        let workers = self.clone();
-        tokio::spawn(async move {
-            while let Some(Ok(change)) = changes.next().await {
-                if let Err(error) = workers.apply(change) {
-                    tracing::error!(%error, "agent worker left out");
-                }
-            }
+        let token = token.cloned();
+        let workers = Members::new("agent worker", move |address| {
+            Ok(Worker {
+                address: address.to_owned(),
+                client: AgentClient::new(sleuth_kit::client::connect_lazy(address, token.as_ref())?),
+                in_flight: AtomicUsize::new(0),
+                failed_at: Mutex::new(None),
+            })
         });
+        Ok(Self { workers: workers.with_fixed(addresses)?, patience })
     }
 
-    /// Adds or removes one worker. A removed worker's running episodes finish.
-    pub fn apply(&self, change: Change<String, String>) -> Result<(), sleuth_kit::KitError> {
-        let mut workers = self.workers.write().expect("workers");
-        match change {
-            Change::Insert(address, _) if !workers.iter().any(|w| w.address == address) => {
-                let client = AgentClient::new(sleuth_kit::client::connect_lazy(&address, self.token.as_ref())?);
-                tracing::info!(worker = %address, workers = workers.len() + 1, "agent worker joined");
-                workers.push(Arc::new(Worker {
-                    address,
-                    client,
-                    in_flight: AtomicUsize::new(0),
-                    failed_at: Mutex::new(None),
-                }));
-            }
-            Change::Insert(..) => {}
-            Change::Remove(address) => {
-                workers.retain(|w| w.address != address);
-                tracing::info!(worker = %address, workers = workers.len(), "agent worker left; its running episodes finish");
-            }
-        }
-        Ok(())
+    /// Keeps the workers up to date with `changes` (see [`Members::follow`]):
+    /// a worker that leaves gets no new episode, its running ones finish.
+    pub fn follow(&self, changes: sleuth_discovery::Changes) {
+        self.workers.follow(changes);
     }
 
     pub fn len(&self) -> usize {
-        self.workers.read().expect("workers").len()
+        self.workers.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// The workers' addresses, in the order they joined.
-    pub fn addresses(&self) -> Vec<String> {
-        self.workers.read().expect("workers").iter().map(|w| w.address.clone()).collect()
+        self.workers.is_empty()
     }
 
     /// Workers in the order to try them: live ones by load, benched ones last.
     fn order(&self) -> Vec<Arc<Worker>> {
-        let mut workers: Vec<Arc<Worker>> = self.workers.read().expect("workers").clone();
+        let mut workers: Vec<Arc<Worker>> = self.workers.current().into_iter().map(|(_, w)| w).collect();
         workers.sort_by_key(|w| {
             let benched = w.failed_at.lock().expect("lock").is_some_and(|at| at.elapsed() < BENCH);
             (benched, w.in_flight.load(Ordering::Relaxed))

@@ -1,7 +1,8 @@
-//! What the dashboard reads besides the run state: the learner's step metrics and what became of each group (from
-//! `learner_steps` and `learner_groups`, present when the learner records
-//! to the same database, as in the chart and the demo), and the evaluation
-//! reports the orchestrator wrote.
+//! What the dashboard reads besides the run state: the staleness of the
+//! groups the learner trained (`learner_groups`, present when the learner
+//! records to the same database, as in the chart and the demo; its step
+//! metrics come from `Database::learner_steps`), the learner's disposition
+//! of one group, and the evaluation reports the orchestrator wrote.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -11,23 +12,6 @@ use sqlx::Row;
 
 fn failed(database: &Database, source: sqlx::Error) -> StoreError {
     StoreError::Sql { url: database.url().to_owned(), source }
-}
-
-/// The learner's metrics of each step of a run (every field of its
-/// `StepStats`, as JSON), in step order.
-pub async fn steps(database: &Database, run_id: &str) -> Result<Vec<(u64, serde_json::Value)>, StoreError> {
-    let rows = sqlx::query("SELECT step, metrics FROM learner_steps WHERE run_id = $1 ORDER BY step")
-        .bind(run_id)
-        .fetch_all(database.pool())
-        .await
-        .map_err(|e| failed(database, e))?;
-    rows.iter()
-        .map(|row| {
-            let step: i64 = row.try_get("step").map_err(|e| failed(database, e))?;
-            let text: String = row.try_get("metrics").map_err(|e| failed(database, e))?;
-            Ok((step as u64, serde_json::from_str(&text).unwrap_or_default()))
-        })
-        .collect()
 }
 
 /// Per step, the mean and largest staleness of the groups it trained: how

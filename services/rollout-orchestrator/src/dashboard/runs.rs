@@ -144,7 +144,7 @@ pub async fn show(
     let best = crate::validate::best(&validations);
     let (counts, steps, staleness) = (
         state.outcomes(&run_id).await?,
-        records::steps(&dashboard.database, &run_id).await?,
+        dashboard.database.learner_steps(&run_id).await?,
         records::staleness(&dashboard.database, &run_id).await?,
     );
     let curves = episode_curves(&counts);
