@@ -51,6 +51,8 @@ fn deployments(manifests: &str) -> Vec<(String, Vec<String>, Option<String>)> {
         .split("\n---")
         .filter(|doc| doc.contains("\nkind: Deployment") || doc.contains("\nkind: StatefulSet"))
         .map(|doc| {
+            // The service's own container, after the model's init container.
+            let doc = doc.split("\n      containers:\n").nth(1).unwrap_or(doc);
             let binary = doc
                 .lines()
                 .find_map(|l| l.trim().strip_prefix("command: [\"/usr/local/bin/"))
@@ -74,6 +76,9 @@ fn chart_renders_valid_manifests_with_known_settings() -> Result<()> {
     let production = helm_template(&[
         "auth.existingSecret=mesh-token",
         "database.existingSecret=postgres-url",
+        "redis.existingSecret=redis-url",
+        "s3.existingSecret=s3-credentials",
+        "s3.endpoint=http://minio:9000",
         "telemetry.otlpEndpoint=http://otel-collector:4317",
         "components.policyServer.device=cuda:0",
     ])?;
@@ -202,7 +207,12 @@ fn the_dashboard_and_the_metrics_reference_match_the_services() -> Result<()> {
 /// ready) as the rendezvous; a single learner sets no rank variables.
 #[test]
 fn a_multi_rank_learner_is_a_statefulset_whose_pods_know_their_rank() -> Result<()> {
-    let manifests = helm_template(&["components.learner.replicas=3", "components.learner.collectivePort=29501"])?;
+    let manifests = helm_template(&[
+        "components.learner.replicas=3",
+        "components.learner.collectivePort=29501",
+        "components.learner.checkpointUri=s3://checkpoints/runs",
+        "database.existingSecret=postgres-url",
+    ])?;
     validate(&manifests)?;
     let docs: Vec<&str> = manifests.split("\n---").collect();
     let learner = docs
@@ -336,5 +346,303 @@ fn upstreams_are_discovered_through_endpointslices_with_a_read_only_role() -> Re
         .context("the orchestrator")?;
     assert_eq!(env(orchestrator, "SLEUTH_AGENT_WORKERS").as_deref(), Some("value: \"ci-release-agent:50052\""));
     assert!(!fixed.contains("kind: Role") && !fixed.contains("serviceAccountName"));
+    Ok(())
+}
+
+/// The documents of a rendered chart.
+fn documents(manifests: &str) -> Vec<&str> {
+    manifests.split("\n---").collect()
+}
+
+/// The document of `kind` named `name`.
+fn document<'a>(docs: &[&'a str], kind: &str, name: &str) -> Result<&'a str> {
+    docs.iter()
+        .find(|d| d.contains(&format!("\nkind: {kind}\n")) && d.contains(&format!("\n  name: {name}\n")))
+        .copied()
+        .with_context(|| format!("no {kind} {name}"))
+}
+
+/// The line after `- name: NAME` in `doc` (its `value:` or `valueFrom:`).
+fn env_line(doc: &str, name: &str) -> Option<String> {
+    let at = doc.find(&format!("- name: {name}\n"))?;
+    doc[at..].lines().nth(1).map(|l| l.trim().to_owned())
+}
+
+/// Whether `doc` has `line`, indentation and a list item's `- ` aside.
+fn has_line(doc: &str, line: &str) -> bool {
+    doc.lines().any(|l| l.trim().trim_start_matches("- ") == line)
+}
+
+/// The init container's command of a workload, as arguments.
+fn init_command(doc: &str) -> Result<Vec<String>> {
+    let line = doc
+        .lines()
+        .map(str::trim)
+        .find(|l| l.starts_with("command: [\"/usr/local/bin/sleuth\""))
+        .context("no model init container")?;
+    let list = line.strip_prefix("command: ").context("command")?;
+    Ok(serde_json::from_str(list)?)
+}
+
+/// Runs a rendered init container's `sleuth model fetch` here, with the
+/// image's paths mapped to this machine's (`/usr/local/bin/sleuth` to the
+/// built binary, `/models` to `models`, the image's GGUF to the venv's).
+fn run_init_container(command: &[String], models: &std::path::Path, env: &[(&str, &str)]) -> Result<String> {
+    let gguf = sleuth_testkit::smollm2_gguf()?;
+    let args: Vec<String> = command[1..]
+        .iter()
+        .map(|arg| match arg.as_str() {
+            "/opt/sleuth/models/SmolLM2-135M-Instruct.Q4_1.gguf" => gguf.display().to_string(),
+            "/models/policy" => models.join("policy").display().to_string(),
+            _ => arg.clone(),
+        })
+        .collect();
+    let output = Command::new(sleuth_tests::binary("sleuth")?).args(&args).envs(env.iter().copied()).output()?;
+    let log = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    ensure!(output.status.success(), "{command:?} failed:\n{log}");
+    Ok(log)
+}
+
+/// A default install comes up on its own: every pod that loads the policy
+/// gets it from an init container (tested here by running the rendered
+/// command: it imports the GGUF the image ships, and a restart finds it
+/// there), the orchestrator and the learner keep their state on volumes
+/// that outlive the release, and every pod runs as a numeric non-root user
+/// with a read-only root filesystem.
+#[test]
+fn a_default_install_provisions_the_model_and_keeps_state_on_volumes() -> Result<()> {
+    let manifests = helm_template(&[])?;
+    validate(&manifests)?;
+    let docs = documents(&manifests);
+    for binary in ["inference-gateway", "policy-server", "learner"] {
+        let kind = if binary == "learner" { "StatefulSet" } else { "Deployment" };
+        let doc = document(&docs, kind, &format!("ci-release-{binary}"))?;
+        assert_eq!(env_line(doc, "SLEUTH_MODEL").as_deref(), Some("value: /models/policy"), "{binary}");
+        assert!(init_command(doc).is_ok(), "{binary} provisions the model");
+    }
+    let orchestrator = document(&docs, "Deployment", "ci-release-rollout-orchestrator")?;
+    assert!(
+        init_command(orchestrator).is_err() && !orchestrator.contains("SLEUTH_MODEL"),
+        "the dashboard's tokenizer is opt-in"
+    );
+
+    let policy = document(&docs, "Deployment", "ci-release-policy-server")?;
+    let command = init_command(policy)?;
+    let pod = tempfile::tempdir()?;
+    let models = pod.path().join("models");
+    let first = run_init_container(&command, &models, &[])?;
+    assert!(first.contains("imported llama"), "{first}");
+    for file in ["config.json", "model.safetensors", "tokenizer.json", "chat_template.jinja"] {
+        assert!(models.join("policy").join(file).is_file(), "{file} provisioned");
+    }
+    let again = run_init_container(&command, &models, &[])?;
+    assert!(again.contains("already holds the model"), "a restarted init container keeps the model: {again}");
+
+    // State that must survive restarts lives on claims the release keeps.
+    for (binary, kind, size, database) in [
+        ("rollout-orchestrator", "Deployment", "1Gi", "sqlite:///var/lib/sleuth/rollout-orchestrator.db"),
+        ("learner", "StatefulSet", "50Gi", "sqlite:///var/lib/sleuth/learner.db"),
+    ] {
+        let claim = document(&docs, "PersistentVolumeClaim", &format!("ci-release-{binary}-data"))?;
+        assert!(has_line(claim, &format!("storage: {size}")) && has_line(claim, "helm.sh/resource-policy: keep"));
+        let doc = document(&docs, kind, &format!("ci-release-{binary}"))?;
+        assert!(has_line(doc, &format!("claimName: ci-release-{binary}-data")), "{binary} mounts its claim");
+        assert_eq!(env_line(doc, "SLEUTH_DATABASE_URL"), Some(format!("value: \"{database}\"")));
+    }
+    assert!(has_line(orchestrator, "type: Recreate"), "one orchestrator holds the ReadWriteOnce claim at a time");
+    let learner = document(&docs, "StatefulSet", "ci-release-learner")?;
+    assert_eq!(env_line(learner, "SLEUTH_CHECKPOINT_URI").as_deref(), Some("value: \"/var/lib/sleuth/checkpoints\""));
+
+    for doc in docs.iter().filter(|d| d.contains("\nkind: Deployment\n") || d.contains("\nkind: StatefulSet\n")) {
+        for line in [
+            "runAsNonRoot: true",
+            "runAsUser: 10001",
+            "readOnlyRootFilesystem: true",
+            "allowPrivilegeEscalation: false",
+        ] {
+            assert!(has_line(doc, line), "{line:?} missing from\n{doc}");
+        }
+        let slim = ["rollout-orchestrator", "agent", "inference-gateway"]
+            .iter()
+            .any(|b| doc.contains(&format!("command: [\"/usr/local/bin/{b}\"]")));
+        let image = if slim { "image: \"sleuth-slim:0.1.0\"" } else { "image: \"sleuth:0.1.0\"" };
+        assert!(has_line(doc, image), "{image} expected in\n{doc}");
+    }
+    // The slim image has no libtorch: what runs from it must not load it.
+    for binary in ["rollout-orchestrator", "agent", "inference-gateway", "sleuth"] {
+        let ldd = Command::new("ldd").arg(sleuth_tests::binary(binary)?).output()?;
+        let libraries = String::from_utf8(ldd.stdout)?;
+        assert!(ldd.status.success() && !libraries.contains("libtorch"), "{binary} links libtorch:\n{libraries}");
+    }
+    Ok(())
+}
+
+/// A model on S3 is fetched by the init container with the credentials of
+/// s3.existingSecret (tested against a real S3 API server), and the
+/// services that reach S3 get its endpoint and credentials.
+#[test]
+fn a_model_on_s3_is_fetched_with_the_credentials_secret() -> Result<()> {
+    let s3_server = sleuth_testkit::s3()?;
+    let endpoint = sleuth_testkit::s3_endpoint(&s3_server);
+    let manifests = helm_template(&[
+        "model.source=s3://models/smollm2",
+        &format!("s3.endpoint={endpoint}"),
+        "s3.existingSecret=s3-credentials",
+    ])?;
+    validate(&manifests)?;
+    let docs = documents(&manifests);
+    let gateway = document(&docs, "Deployment", "ci-release-inference-gateway")?;
+    assert!(
+        gateway.contains("secretRef:\n                name: s3-credentials"),
+        "the init container gets the credentials"
+    );
+    for binary in ["policy-server", "tool-gateway"] {
+        let doc = document(&docs, "Deployment", &format!("ci-release-{binary}"))?;
+        assert_eq!(env_line(doc, "SLEUTH_S3_ENDPOINT"), Some(format!("value: \"{endpoint}\"")), "{binary}");
+    }
+    assert!(!env_line(gateway, "SLEUTH_S3_ENDPOINT").is_some(), "the inference gateway does not reach S3");
+
+    let credentials = [("AWS_ACCESS_KEY_ID", "test"), ("AWS_SECRET_ACCESS_KEY", "test")];
+    for (key, value) in credentials {
+        // SAFETY: nextest runs each test in its own process; nothing else reads the environment concurrently.
+        unsafe { std::env::set_var(key, value) };
+    }
+    // The model to upload: the GGUF imported in bf16, as values-l40s.yaml
+    // has it (half the bytes of f32 to send through the test's S3 server).
+    let scratch = tempfile::tempdir()?;
+    let model = scratch.path().join("bf16");
+    let gguf = sleuth_testkit::smollm2_gguf()?;
+    let import = Command::new(sleuth_tests::binary("sleuth")?)
+        .args(["model", "fetch", &gguf.display().to_string(), &model.display().to_string(), "--dtype", "bf16"])
+        .output()?;
+    ensure!(import.status.success(), "bf16 import: {}", String::from_utf8_lossy(&import.stderr));
+    let s3 = sleuth_store::S3Args { s3_endpoint: Some(endpoint.clone()), ..Default::default() };
+    let runtime = tokio::runtime::Runtime::new()?;
+    runtime.block_on(async {
+        if let sleuth_store::ObjectStore::S3 { client, .. } = sleuth_store::ObjectStore::open("s3://models", &s3)? {
+            client.create_bucket().bucket("models").send().await?;
+        }
+        let store = sleuth_store::ObjectStore::open("s3://models/smollm2", &s3)?;
+        for entry in std::fs::read_dir(&model)? {
+            let path = entry?.path();
+            if path.is_file() {
+                store.put(&path.file_name().unwrap().to_string_lossy(), std::fs::read(&path)?).await?;
+            }
+        }
+        anyhow::Ok(())
+    })?;
+    let pod = tempfile::tempdir()?;
+    let log = run_init_container(&init_command(gateway)?, &pod.path().join("models"), &credentials)?;
+    assert!(log.contains("fetched s3://models/smollm2"), "{log}");
+    let fetched = pod.path().join("models/policy");
+    assert_eq!(
+        std::fs::read(fetched.join("config.json"))?,
+        std::fs::read(model.join("config.json"))?,
+        "the model arrives unchanged"
+    );
+    Ok(())
+}
+
+/// Scaling: agents and the tool gateway can get a CPU autoscaler, KEDA can
+/// scale agents on the episodes they run, workloads with more than one pod
+/// get a PodDisruptionBudget, and GPU pods are replaced without a spare GPU.
+#[test]
+fn workers_autoscale_and_gpu_pods_roll_without_a_spare_gpu() -> Result<()> {
+    let manifests = helm_template(&[
+        "components.agent.autoscaling.enabled=true",
+        "components.agent.resources.requests.cpu=500m",
+        "components.toolGateway.replicas=2",
+    ])?;
+    validate(&manifests)?;
+    let docs = documents(&manifests);
+    let hpa = document(&docs, "HorizontalPodAutoscaler", "ci-release-agent")?;
+    for line in ["name: ci-release-agent", "minReplicas: 2", "maxReplicas: 16", "averageUtilization: 70"] {
+        assert!(has_line(hpa, line), "{line:?} missing from\n{hpa}");
+    }
+    let agent = document(&docs, "Deployment", "ci-release-agent")?;
+    assert!(!agent.contains("\n  replicas:"), "the autoscaler owns the agents' replica count");
+    for name in ["ci-release-agent", "ci-release-tool-gateway"] {
+        let budget = document(&docs, "PodDisruptionBudget", name)?;
+        assert!(has_line(budget, "maxUnavailable: 1"), "{budget}");
+    }
+    assert!(
+        document(&docs, "PodDisruptionBudget", "ci-release-rollout-orchestrator").is_err(),
+        "a singleton's budget would block drains"
+    );
+
+    let keda = helm_template(&["keda.enabled=true", "keda.episodesPerAgent=4"])?;
+    validate(&keda)?;
+    let docs = documents(&keda);
+    let scaled = document(&docs, "ScaledObject", "ci-release-agent")?;
+    for line in [
+        "apiVersion: keda.sh/v1alpha1",
+        "type: prometheus",
+        "threshold: \"4\"",
+        r#"query: sum(sleuth_agent_episodes_in_flight{namespace="default",pod=~"ci-release-agent-.*"})"#,
+    ] {
+        assert!(has_line(scaled, line), "{line:?} missing from\n{scaled}");
+    }
+    assert!(!document(&docs, "Deployment", "ci-release-agent")?.contains("\n  replicas:"));
+
+    let gpus = |replicas: &str| {
+        helm_template(&[
+            &format!("components.policyServer.replicas={replicas}"),
+            "components.policyServer.resources.limits.nvidia\\.com/gpu=1",
+        ])
+    };
+    let one = gpus("1")?;
+    let policy = document(&documents(&one), "Deployment", "ci-release-policy-server")?.to_owned();
+    assert!(has_line(&policy, "type: Recreate"), "{policy}");
+    let two = gpus("2")?;
+    let policy = document(&documents(&two), "Deployment", "ci-release-policy-server")?.to_owned();
+    assert!(has_line(&policy, "maxSurge: 0") && has_line(&policy, "maxUnavailable: 1"), "{policy}");
+    Ok(())
+}
+
+/// Values that cannot work are refused at install with what to change, and
+/// per-component env, envFrom and extra volumes reach the container.
+#[test]
+fn impossible_values_are_refused_and_extras_reach_the_container() -> Result<()> {
+    for (sets, named) in [
+        (&["components.learner.replicas=2"][..], "set checkpointUri to s3://"),
+        (
+            &["components.learner.replicas=2", "components.learner.checkpointUri=s3://c/runs"][..],
+            "database.existingSecret",
+        ),
+        (&["components.rolloutOrchestrator.replicas=2"][..], "run one"),
+        (&["keda.enabled=true", "components.agent.autoscaling.enabled=true"][..], "enable one of them"),
+        (&["components.toolGateway.autoscaling.enabled=true"][..], "components.toolGateway.resources.requests.cpu"),
+        (&["redis.url=redis://:secret@redis:6379/0"][..], "/redis/url"),
+        (&["podSecurityContext.runAsUser=sleuth"][..], "/podSecurityContext/runAsUser"),
+        (&["model.source=models/policy"][..], "/model/source"),
+    ] {
+        let error = helm_template(sets).err().with_context(|| format!("{sets:?} was accepted"))?.to_string();
+        assert!(error.contains(named), "{sets:?}: {error}");
+    }
+    let manifests = helm_template(&[
+        "redis.existingSecret=redis-url",
+        "components.toolGateway.env[0].name=SLEUTH_EMBEDDING_MODEL",
+        "components.toolGateway.env[0].value=/embedder",
+        "components.toolGateway.envFrom[0].configMapRef.name=tuning",
+        "components.toolGateway.extraVolumes[0].name=embedder",
+        "components.toolGateway.extraVolumes[0].persistentVolumeClaim.claimName=embedders",
+        "components.toolGateway.extraVolumeMounts[0].name=embedder",
+        "components.toolGateway.extraVolumeMounts[0].mountPath=/embedder",
+    ])?;
+    validate(&manifests)?;
+    let docs = documents(&manifests);
+    let gateway = document(&docs, "Deployment", "ci-release-tool-gateway")?;
+    assert_eq!(env_line(gateway, "SLEUTH_EMBEDDING_MODEL").as_deref(), Some("value: /embedder"));
+    for line in ["name: tuning", "claimName: embedders", "mountPath: /embedder"] {
+        assert!(has_line(gateway, line), "{line:?} missing from\n{gateway}");
+    }
+    let orchestrator = document(&docs, "Deployment", "ci-release-rollout-orchestrator")?;
+    let at = orchestrator.find("- name: SLEUTH_REDIS_URL\n").context("SLEUTH_REDIS_URL")?;
+    let redis: Vec<&str> = orchestrator[at..].lines().skip(1).take(4).map(str::trim).collect();
+    assert_eq!(
+        redis,
+        ["valueFrom:", "secretKeyRef:", "name: redis-url", "key: url"],
+        "the Redis URL comes from the Secret"
+    );
     Ok(())
 }

@@ -31,7 +31,7 @@ enum Command {
     Run(runs::RunArgs),
     /// Evaluate the policy or a retrieval baseline on a task split.
     Eval(runs::EvalArgs),
-    /// Work with model files: import a GGUF into an HF directory.
+    /// Work with model files: import a GGUF, provision an HF directory from a path or S3.
     Model(model::ModelArgs),
     /// Make collections: a seeded synthetic multi-hop BEIR collection.
     Data(data::DataArgs),
@@ -46,7 +46,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Ask(args) => ask::run(args).await.map(|()| 0)?,
         Command::Run(args) => runs::run(args).await?,
         Command::Eval(args) => runs::eval(args).await?,
-        Command::Model(args) => model::run(args).map(|()| 0)?,
+        Command::Model(args) => model::run(args).await.map(|()| 0)?,
         Command::Data(args) => data::run(args).map(|()| 0)?,
     };
     if code != 0 {

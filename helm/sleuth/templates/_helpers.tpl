@@ -33,3 +33,47 @@ its Service, watched through EndpointSlices; else the Service's address. */}}
 {{- include "sleuth.address" . -}}
 {{- end -}}
 {{- end -}}
+
+{{/* The volume at /var/lib/sleuth of a stateful singleton (orchestrator, learner). */}}
+{{- define "sleuth.dataVolume" -}}
+{{- $root := index . 0 -}}{{- $key := index . 1 -}}
+{{- $c := index $root.Values.components $key -}}
+{{- if not $root.Values.persistence.enabled -}}
+emptyDir: {}
+{{- else if and (eq $key "learner") $root.Values.persistence.learnerExistingClaim -}}
+persistentVolumeClaim:
+  claimName: {{ $root.Values.persistence.learnerExistingClaim }}
+{{- else if and (eq $key "learner") (gt (int $c.replicas) 1) -}}
+{{- /* Ranks keep nothing locally: checkpoints on S3, metrics in PostgreSQL (sleuth.checkValues). */ -}}
+emptyDir: {}
+{{- else -}}
+persistentVolumeClaim:
+  claimName: {{ include "sleuth.fullname" $root }}-{{ $c.binary }}-data
+{{- end -}}
+{{- end -}}
+
+{{/* Combinations of values that cannot work, refused with what to change. */}}
+{{- define "sleuth.checkValues" -}}
+{{- $v := .Values -}}
+{{- $learner := $v.components.learner -}}
+{{- if and (gt (int $learner.replicas) 1) (not $v.persistence.learnerExistingClaim) -}}
+{{- if not (hasPrefix "s3://" $learner.checkpointUri) -}}
+{{- fail (printf "components.learner.replicas %d with checkpointUri %q: the ranks of one learner share their checkpoints; set checkpointUri to s3://bucket/prefix or persistence.learnerExistingClaim to a ReadWriteMany claim" (int $learner.replicas) $learner.checkpointUri) -}}
+{{- end -}}
+{{- if not $v.database.existingSecret -}}
+{{- fail (printf "components.learner.replicas %d without database.existingSecret: ranks on several nodes cannot share a SQLite file; use PostgreSQL or persistence.learnerExistingClaim (ReadWriteMany)" (int $learner.replicas)) -}}
+{{- end -}}
+{{- end -}}
+{{- if gt (int $v.components.rolloutOrchestrator.replicas) 1 -}}
+{{- fail (printf "components.rolloutOrchestrator.replicas %d: the orchestrator keeps its reports (and its SQLite file) on a ReadWriteOnce volume; run one (a restarted orchestrator resumes every run)" (int $v.components.rolloutOrchestrator.replicas)) -}}
+{{- end -}}
+{{- if and $v.keda.enabled $v.components.agent.autoscaling.enabled -}}
+{{- fail "keda.enabled and components.agent.autoscaling.enabled: KEDA makes the agents' autoscaler; enable one of them" -}}
+{{- end -}}
+{{- range $key := list "agent" "toolGateway" -}}
+{{- $c := index $v.components $key -}}
+{{- if and $c.autoscaling.enabled (not ((($c.resources | default dict).requests | default dict).cpu)) -}}
+{{- fail (printf "components.%s.autoscaling.enabled needs components.%s.resources.requests.cpu (CPU utilisation is measured against it)" $key $key) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
