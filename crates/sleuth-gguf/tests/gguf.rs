@@ -3,7 +3,7 @@
 //! and `transformers` loading the same GGUF files (tensors bit for bit, token
 //! ids, and logits through `sleuth-model`).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use anyhow::{Context, Result, ensure};
