@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use plotters::prelude::*;
 use plotters::style::FontStyle;
+use sleuth_metrics::reward::failure_rate;
 use sleuth_proto::rollout::v1 as pb;
 
 /// Where the chart's font is looked for when `SLEUTH_FONT` is unset.
@@ -44,9 +45,6 @@ fn register_font() -> Result<()> {
 /// A series: its name, colour and points (version, value).
 type Series = (&'static str, RGBColor, Vec<(f64, f64)>);
 
-fn failure_rate(validation: &pb::Validation) -> f64 {
-    validation.metrics.iter().filter(|(name, _)| name.starts_with("failure_rate:")).map(|(_, v)| v).sum()
-}
 
 /// Writes the chart of `run` to `path` (PNG, 1000x700).
 pub fn write_png(run: &pb::Run, path: &Path) -> Result<()> {
@@ -63,7 +61,7 @@ pub fn write_png(run: &pb::Run, path: &Path) -> Result<()> {
     ];
     let failures: Vec<Series> = vec![
         ("training failure rate", BLUE, training(|t| t.failure_rate)),
-        ("validation failure rate", RED, validation(&failure_rate)),
+        ("validation failure rate", RED, validation(&|v| failure_rate(&v.metrics))),
     ];
     let last = scores.iter().chain(&failures).flat_map(|(_, _, points)| points.iter().map(|p| p.0)).fold(1.0, f64::max);
 

@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
+use sleuth_metrics::reward::failure_rate;
 use sleuth_proto::rollout::v1 as pb;
 
 /// One version's row: training and validation side by side (either may be missing).
@@ -26,11 +27,6 @@ fn rows(run: &pb::Run) -> BTreeMap<u64, Row<'_>> {
     rows
 }
 
-/// Failures of a validation: the share of episodes by every non-completed outcome.
-fn failure_rate(validation: &pb::Validation) -> f64 {
-    // A fold from +0.0: an empty f64 sum is -0.0, which prints as "-0".
-    validation.metrics.iter().filter(|(name, _)| name.starts_with("failure_rate:")).fold(0.0, |sum, (_, v)| sum + v)
-}
 
 /// A row's eight values after the version, `None` where a side is missing.
 fn cells(row: &Row<'_>) -> [Option<f64>; 8] {
@@ -43,7 +39,7 @@ fn cells(row: &Row<'_>) -> [Option<f64>; 8] {
         t.map(|t| t.failure_rate),
         metric("ndcg@10"),
         metric("reward"),
-        v.map(failure_rate),
+        v.map(|v| failure_rate(&v.metrics)),
         metric("turns"),
     ]
 }

@@ -36,6 +36,17 @@ pub fn outcome_name(outcome: EpisodeOutcome) -> &'static str {
     }
 }
 
+/// The key prefix of a failure rate by outcome in a metrics map
+/// (`failure_rate:turn_limit`: the share of episodes that ended so).
+pub const FAILURE_RATE: &str = "failure_rate:";
+
+/// The share of episodes that did not complete: the sum of a metrics map's
+/// [`FAILURE_RATE`] entries.
+pub fn failure_rate<'a>(metrics: impl IntoIterator<Item = (&'a String, &'a f64)>) -> f64 {
+    // A fold from +0.0: an empty f64 sum is -0.0, which prints as "-0".
+    metrics.into_iter().filter(|(name, _)| name.starts_with(FAILURE_RATE)).fold(0.0, |sum, (_, rate)| sum + rate)
+}
+
 /// nDCG@k of the submitted ranking against the task's judgements (trec_eval's
 /// definition). An episode that did not complete gets its outcome's penalty
 /// when one is set (default: -1 for turn_limit and token_budget, as in the

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
 use sleuth_kit::client::MeshChannel;
-use sleuth_metrics::reward::{NdcgReward, Reward, outcome_name};
+use sleuth_metrics::reward::{FAILURE_RATE, NdcgReward, Reward, outcome_name};
 use sleuth_proto::agent::v1::RunEpisodeRequest;
 use sleuth_proto::common::v1::{Episode, EpisodeOutcome, Task};
 use sleuth_proto::rollout::v1::{EvaluateRequest, Evaluation, RunStatus};
@@ -295,7 +295,7 @@ fn summarise(scored: &[Scored], k: usize) -> BTreeMap<String, f64> {
     );
     for outcome in scored.iter().flat_map(|s| &s.outcomes) {
         if *outcome != EpisodeOutcome::Completed {
-            *metrics.entry(format!("failure_rate:{}", outcome_name(*outcome))).or_insert(0.0) += 1.0 / samples;
+            *metrics.entry(format!("{FAILURE_RATE}{}", outcome_name(*outcome))).or_insert(0.0) += 1.0 / samples;
         }
     }
     metrics

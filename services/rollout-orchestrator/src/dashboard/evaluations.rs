@@ -9,6 +9,7 @@ use std::fmt::Write as _;
 use axum::extract::{Query, State};
 use axum::response::Html;
 use sleuth_metrics::bootstrap::{Interval, mean_interval, paired_interval};
+use sleuth_metrics::reward::failure_rate;
 
 use super::html::{escape, number, page, pager, segment};
 use super::records;
@@ -104,7 +105,7 @@ pub async fn list(
             }
             None => "-".to_owned(),
         };
-        let failures: f64 = report.metrics.iter().filter(|(k, _)| k.starts_with("failure_rate:")).map(|(_, r)| r).sum();
+        let failures = failure_rate(&report.metrics);
         let _ = write!(
             body,
             "<tr><td>{}</td><td>{what} · {}/{}</td><td class=n>{}</td><td class=n>{}</td><td class=n>{delta}</td>\

@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 
 use axum::extract::{Path, Query, State};
 use axum::response::Html;
-use sleuth_metrics::reward::outcome_name;
+use sleuth_metrics::reward::{failure_rate, outcome_name};
 use sleuth_proto::common::v1::EpisodeOutcome;
 use sleuth_proto::rollout::v1::{Run, RunStatus};
 
@@ -158,7 +158,7 @@ pub async fn show(
         points: validations
             .iter()
             .map(|v| {
-                let failed = v.metrics.iter().filter(|(k, _)| k.starts_with("failure_rate:")).map(|(_, r)| r).sum();
+                let failed = failure_rate(&v.metrics);
                 (v.version as f64, failed)
             })
             .collect(),
@@ -240,7 +240,7 @@ fn validations_table(body: &mut String, validations: &[sleuth_proto::rollout::v1
     );
     for v in validations {
         let metric = |name: &str| number(v.metrics.get(name).copied());
-        let failures: f64 = v.metrics.iter().filter(|(k, _)| k.starts_with("failure_rate:")).map(|(_, r)| r).sum();
+        let failures = failure_rate(&v.metrics);
         let _ = write!(
             body,
             "<tr><td class=n>{}{}</td><td class=n>{}</td><td class=n>{}</td><td class=n>{}</td><td class=n>{}</td><td class=n>{}</td><td>{}</td></tr>",
