@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Redirect, Response};
 use hmac::{Hmac, Mac};
 use sleuth_kit::BearerToken;
 
-use super::html::{escape, page};
+use super::html::{escape, page, percent_encode};
 
 /// The session cookie's name.
 pub const COOKIE: &str = "sleuth_dashboard";
@@ -65,19 +65,10 @@ pub async fn require(State(gate): State<Gate>, request: Request, next: Next) -> 
     }
     if request.method() == axum::http::Method::GET {
         let back = request.uri().path_and_query().map_or("/", |p| p.as_str());
-        let target: String = url_encode(back);
+        let target = percent_encode(back, b"/");
         return Redirect::to(&format!("/login?next={target}")).into_response();
     }
     (StatusCode::UNAUTHORIZED, "sign in on /login or send the mesh token as a bearer token").into_response()
-}
-
-fn url_encode(text: &str) -> String {
-    text.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' | b'/' => (b as char).to_string(),
-            b => format!("%{b:02X}"),
-        })
-        .collect()
 }
 
 /// Where to go after signing in: only a path of this site, never another origin.

@@ -25,9 +25,16 @@ pub fn escape(text: &str) -> String {
 /// `text` as one path segment of a link (run and episode ids are names, but
 /// a name may still hold characters a URL reserves).
 pub fn segment(text: &str) -> String {
+    percent_encode(text, b"")
+}
+
+/// `text` with every byte but URL-unreserved ones and those in `keep`
+/// percent-encoded.
+pub fn percent_encode(text: &str, keep: &[u8]) -> String {
     text.bytes()
         .map(|b| match b {
             b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            b if keep.contains(&b) => (b as char).to_string(),
             b => format!("%{b:02X}"),
         })
         .collect()
