@@ -45,7 +45,6 @@ fn register_font() -> Result<()> {
 /// A series: its name, colour and points (version, value).
 type Series = (&'static str, RGBColor, Vec<(f64, f64)>);
 
-
 /// Writes the chart of `run` to `path` (PNG, 1000x700).
 pub fn write_png(run: &pb::Run, path: &Path) -> Result<()> {
     register_font()?;

@@ -27,7 +27,6 @@ fn rows(run: &pb::Run) -> BTreeMap<u64, Row<'_>> {
     rows
 }
 
-
 /// A row's eight values after the version, `None` where a side is missing.
 fn cells(row: &Row<'_>) -> [Option<f64>; 8] {
     let (t, v) = (row.training, row.validation);
