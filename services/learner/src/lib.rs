@@ -15,6 +15,7 @@ pub mod checkpoint;
 pub mod collective;
 pub mod config;
 mod fence;
+pub mod fresh;
 pub mod imprint;
 pub mod intake;
 pub mod learn;

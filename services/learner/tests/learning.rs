@@ -2,6 +2,9 @@
 //! reward of an episode is the fraction of its 8 sampled tokens that are
 //! token 7 (1 in 16 at the start). Sampling, behaviour logprobs, groups,
 //! advantages, the PPO loss and AdamW all take their real paths.
+//!
+//! A fresh policy for a collection (`learner init-policy`) is an HF model
+//! that transformers loads, with a tokenizer of the collection's own text.
 
 use anyhow::Result;
 use learner::advantage::Estimator;
@@ -151,5 +154,88 @@ fn trajectory_sft_fits_teacher_trajectories_on_assistant_tokens_only() -> Result
     let losses: Vec<f64> = (0..15).map(|_| trainer.step(&teacher).map(|s| s.loss)).collect::<Result<_, _>>()?;
     println!("SFT loss per step: {losses:.3?}");
     assert!(losses[14] < losses[0] * 0.3, "SFT loss fell from {:.3} to {:.3}", losses[0], losses[14]);
+    Ok(())
+}
+
+/// `learner init-policy` makes an HF model of a few million parameters
+/// whose tokenizer was trained on the collection: transformers loads it to
+/// the same logits as the learner, its chat template renders a search
+/// conversation that the tokenizer spells and decodes back exactly, and a
+/// forward pass over that conversation costs a small fraction of
+/// SmolLM2-135M's (what makes it trainable on two cores).
+#[test]
+fn a_fresh_policy_has_a_tokenizer_of_its_collection_and_loads_in_transformers() -> anyhow::Result<()> {
+    use anyhow::Context;
+    let scratch = tempfile::tempdir()?;
+    let collection = scratch.path().join("synth");
+    sleuth_beir::synth::write(&collection, sleuth_beir::synth::SynthSpec { seed: 5, companies: 40 })?;
+    let args = learner::fresh::FreshArgs {
+        collection: collection.clone(),
+        split: "train".into(),
+        out: scratch.path().join("policy"),
+        vocab_size: 400,
+        hidden_size: 128,
+        layers: 2,
+        seed: 3,
+    };
+    let fresh = learner::fresh::init_policy(&args)?;
+    assert_eq!(fresh.vocab_size, 400);
+    assert!(fresh.parameters < 1_000_000, "{} parameters", fresh.parameters);
+    let again = learner::fresh::init_policy(&args).expect_err("the directory exists");
+    assert!(again.to_string().contains("exists"), "{again}");
+
+    let config = sleuth_model::Config::from_file(&fresh.dir.join("config.json"))?;
+    let mut vars = VarStore::new(Device::Cpu);
+    let model = sleuth_model::Model::new(&vars.root(), &config);
+    sleuth_model::load_weights(&mut vars, &fresh.dir)?;
+    let ids = [1i64, 50, 300, 399, 2];
+    let ours = tch::no_grad(|| model.forward(&Tensor::from_slice(&ids).unsqueeze(0), None)).squeeze_dim(0);
+    let script = sleuth_testkit::checkout_file("crates/sleuth-model/tests/export_logits.py");
+    let args: Vec<String> =
+        std::iter::once(fresh.dir.display().to_string()).chain(ids.iter().map(i64::to_string)).collect();
+    let args: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_ref()).collect();
+    let reference = sleuth_testkit::run_python_json(&script, &args, None)?;
+    let rows: Vec<Vec<f32>> = serde_json::from_value(reference["logits"].clone())?;
+    let diff = (ours - Tensor::from_slice2(&rows)).abs().max().double_value(&[]);
+    assert!(diff < 1e-4, "transformers' logits differ by {diff}");
+
+    // A search conversation over the collection, as the gateway renders it.
+    let document = sleuth_beir::BeirDir::new(&collection)
+        .corpus(sleuth_beir::BadLines::Fail)?
+        .find_map(|d| d.ok().filter(|d| d.id.starts_with('p')))
+        .context("a person's document")?;
+    let call = |name: &str, arguments: serde_json::Value| {
+        serde_json::json!({"role": "assistant", "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": name, "arguments": arguments.to_string()}}]})
+    };
+    let messages = [
+        serde_json::json!({"role": "user", "content": format!("Which town is home to {}?", document.title)}),
+        call("bm25_search", serde_json::json!({"query": document.title, "k": 5})),
+        serde_json::json!({"role": "tool", "content": format!("bm25_search results for {:?}:\n[1] doc_id: {} | {}\n{}\n", document.title, document.id, document.title, document.text)}),
+        call("submit_ranking", serde_json::json!({"doc_ids": [document.id]})),
+    ];
+    let tools = [
+        serde_json::json!({"type": "function", "function": {"name": "bm25_search", "description": "Search the collection.",
+        "parameters": {"type": "object", "properties": {"query": {"type": "string"}, "k": {"type": "integer"}}}}}),
+    ];
+    let template = sleuth_chat::ChatTemplate::from_dir(&fresh.dir)?;
+    let text = template.render(&messages, &tools, false)?;
+    let tokenizer = tokenizers::Tokenizer::from_file(fresh.dir.join("tokenizer.json")).map_err(anyhow::Error::msg)?;
+    let encoding = tokenizer.encode(text.as_str(), false).map_err(anyhow::Error::msg)?;
+    let decoded = tokenizer.decode(encoding.get_ids(), false).map_err(anyhow::Error::msg)?;
+    assert_eq!(decoded, text, "the tokenizer spells the conversation back exactly");
+    assert!(text.starts_with("<|im_start|>system\n"), "{text}");
+    let smollm2 = tokenizers::Tokenizer::from_file(sleuth_testkit::smollm2()?.join("tokenizer.json"))
+        .map_err(anyhow::Error::msg)?;
+    let theirs = smollm2.encode(text.as_str(), false).map_err(anyhow::Error::msg)?.len();
+    // Multiply-adds of a forward pass: about parameters x tokens.
+    let ours = fresh.parameters as f64 * encoding.len() as f64;
+    let smollm2_cost = 134_515_008.0 * theirs as f64;
+    eprintln!(
+        "the conversation is {} tokens here, {theirs} with SmolLM2's tokenizer; a forward pass costs {:.4} of SmolLM2-135M's",
+        encoding.len(),
+        ours / smollm2_cost
+    );
+    assert!(ours < smollm2_cost / 50.0, "{ours} against {smollm2_cost}");
     Ok(())
 }

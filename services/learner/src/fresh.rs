@@ -1,0 +1,219 @@
+//! `learner init-policy`: a fresh policy for one collection. A byte-level
+//! BPE tokenizer is trained on the collection's own documents and training
+//! questions, and a randomly initialised Llama-style model uses it; both are
+//! written as an HF directory that the policy server, the learner and
+//! `transformers` load.
+//!
+//! This is the policy a two-core machine can train (issue 13's demo):
+//! - A few million parameters instead of SmolLM2's 135 million.
+//! - A vocabulary of hundreds of tokens instead of 49,152. The output layer
+//!   dominates a tiny model's cost, and every token of a small vocabulary is
+//!   seen often enough to be learnt. That includes the pieces that made-up
+//!   names are spelt with, which the policy must copy from search results
+//!   into its next query.
+//! - It starts knowing nothing, so what it learns is the recipe's doing:
+//!   teacher SFT, then GRPO.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+
+use serde_json::json;
+use sleuth_beir::{BadLines, BeirDir};
+use sleuth_model::export::write_random;
+use tokenizers::decoders::DecoderWrapper;
+use tokenizers::models::ModelWrapper;
+use tokenizers::models::TrainerWrapper;
+use tokenizers::models::bpe::{BPE, BpeTrainerBuilder};
+use tokenizers::normalizers::NormalizerWrapper;
+use tokenizers::pre_tokenizers::PreTokenizerWrapper;
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::processors::PostProcessorWrapper;
+use tokenizers::{AddedToken, Tokenizer, TokenizerBuilder, TokenizerImpl};
+
+use crate::Error;
+
+/// The chat template's control tokens (ChatML, as SmolLM2 and Qwen use).
+const END_OF_TEXT: &str = "<|endoftext|>";
+const IM_START: &str = "<|im_start|>";
+const IM_END: &str = "<|im_end|>";
+
+/// ChatML. The tool schemas and calls are written by `sleuth-chat` into the
+/// system prompt and the assistant's content, as for every template that
+/// knows no tools.
+const CHAT_TEMPLATE: &str = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}\
+{{ '<|im_start|>system\nYou are a search agent.<|im_end|>\n' }}{% endif %}\
+{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}{% endfor %}\
+{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+/// Text the policy reads and writes besides the collection's (tool calls and
+/// observations), so their punctuation and keywords are merged into tokens
+/// too.
+const PROTOCOL: &str = "You are a search agent. You can call the following tools. To call tools, reply with only \
+<tool_call>[{\"name\": \"bm25_search\", \"arguments\": {\"query\": \"the question\", \"k\": 5}}]</tool_call>\n\
+<tool_call>[{\"name\": \"vector_search\", \"arguments\": {\"query\": \"the question\", \"k\": 5}}]</tool_call>\n\
+<tool_call>[{\"name\": \"submit_ranking\", \"arguments\": {\"doc_ids\": [\"d1\", \"d2\"]}}]</tool_call>\n\
+bm25_search results for \"the question\":\n[1] doc_id: d1 | Title\nText.\n[2] doc_id: d2 | Title\nText.\n";
+
+/// What `learner init-policy` makes.
+#[derive(clap::Args, Debug)]
+pub struct FreshArgs {
+    /// The BEIR collection whose documents and training questions the tokenizer is trained on.
+    #[arg(long)]
+    pub collection: PathBuf,
+    /// The split whose questions join the tokenizer's text (never held-out ones).
+    #[arg(long, default_value = "train")]
+    pub split: String,
+    /// The directory to write (must not exist).
+    pub out: PathBuf,
+    /// Tokens in the vocabulary, the byte alphabet and control tokens included.
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(300..))]
+    pub vocab_size: u32,
+    /// Width of the model (a multiple of 64: one attention head per 64).
+    #[arg(long, default_value_t = 256)]
+    pub hidden_size: i64,
+    /// Transformer layers.
+    #[arg(long, default_value_t = 4)]
+    pub layers: i64,
+    /// Seed of the weights.
+    #[arg(long, default_value_t = 1)]
+    pub seed: i64,
+}
+
+/// What was made, for the caller to report.
+#[derive(Debug)]
+pub struct Fresh {
+    /// Where the model is.
+    pub dir: PathBuf,
+    /// Tokens in its vocabulary.
+    pub vocab_size: usize,
+    /// Parameters of the model.
+    pub parameters: i64,
+}
+
+/// Trains the tokenizer and writes the model (see the module docs).
+pub fn init_policy(args: &FreshArgs) -> Result<Fresh, Error> {
+    let invalid = |message: String| Error::InvalidArgument(message);
+    if args.out.exists() {
+        return Err(invalid(format!("{} exists; init-policy writes a new directory", args.out.display())));
+    }
+    if args.hidden_size < 64 || args.hidden_size % 64 != 0 {
+        return Err(invalid(format!("--hidden-size {} must be a positive multiple of 64", args.hidden_size)));
+    }
+    if args.layers < 1 {
+        return Err(invalid(format!("--layers {} must be at least 1", args.layers)));
+    }
+    let texts = collection_text(&args.collection, &args.split)?;
+    let tokenizer = train_tokenizer(&texts, args.vocab_size as usize)?;
+    let scratch = tempfile::tempdir().map_err(|e| Error::Train(e.to_string()))?;
+    write_tokenizer_files(&tokenizer, scratch.path())?;
+    let id = |token: &str| tokenizer.token_to_id(token).expect("control tokens are in the vocabulary");
+    let heads = args.hidden_size / 64;
+    let config = json!({
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": tokenizer.get_vocab_size(true),
+        "hidden_size": args.hidden_size,
+        "intermediate_size": 3 * args.hidden_size,
+        "num_hidden_layers": args.layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": (heads + 1) / 2,
+        "head_dim": 64,
+        "hidden_act": "silu",
+        "max_position_embeddings": 8192,
+        "rms_norm_eps": 1e-5,
+        "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
+        // Tied: copying a name from an observation writes the embedding it read.
+        "tie_word_embeddings": true,
+        "attention_bias": false,
+        "mlp_bias": false,
+        "bos_token_id": id(IM_START),
+        "eos_token_id": id(IM_END),
+        "pad_token_id": id(IM_END),
+        "dtype": "float32",
+    });
+    write_random(&config, scratch.path(), &args.out, args.seed)?;
+    let parameters = parameter_count(&args.out)?;
+    Ok(Fresh { dir: args.out.clone(), vocab_size: tokenizer.get_vocab_size(true), parameters })
+}
+
+/// The documents (title and text) and the questions of `split`, plus the
+/// agent protocol's text.
+fn collection_text(collection: &Path, split: &str) -> Result<Vec<String>, Error> {
+    let beir = BeirDir::new(collection);
+    let failed =
+        |e: sleuth_beir::BeirError| Error::InvalidArgument(format!("--collection {}: {e}", collection.display()));
+    let mut texts = vec![PROTOCOL.to_owned()];
+    for document in beir.corpus(BadLines::Fail).map_err(failed)? {
+        let document = document.map_err(failed)?;
+        texts.push(format!("{} | {}\n{}", document.id, document.title, document.text));
+    }
+    let asked: HashSet<String> = beir.qrels(split).map_err(failed)?.into_keys().collect();
+    for query in beir.queries(BadLines::Fail).map_err(failed)? {
+        if asked.contains(&query.id) {
+            texts.push(query.text);
+        }
+    }
+    Ok(texts)
+}
+
+/// A byte-level BPE of `vocab_size` tokens over `texts`: lossless on any
+/// text (every byte is a token), with the chat template's control tokens.
+fn train_tokenizer(texts: &[String], vocab_size: usize) -> Result<Tokenizer, Error> {
+    let failed = |e: tokenizers::Error| Error::Train(format!("training the tokenizer: {e}"));
+    let byte_level = ByteLevel::new(false, true, true);
+    let mut tokenizer: TokenizerImpl<
+        ModelWrapper,
+        NormalizerWrapper,
+        PreTokenizerWrapper,
+        PostProcessorWrapper,
+        DecoderWrapper,
+    > = TokenizerBuilder::new()
+        .with_model(BPE::default().into())
+        .with_normalizer(None)
+        .with_pre_tokenizer(Some(byte_level.into()))
+        .with_post_processor(None)
+        .with_decoder(Some(byte_level.into()))
+        .build()
+        .map_err(failed)?;
+    let special: Vec<AddedToken> = [END_OF_TEXT, IM_START, IM_END].iter().map(|t| AddedToken::from(*t, true)).collect();
+    let mut trainer: TrainerWrapper = BpeTrainerBuilder::new()
+        .vocab_size(vocab_size)
+        .show_progress(false)
+        .special_tokens(special)
+        .initial_alphabet(ByteLevel::alphabet().into_iter().collect())
+        .build()
+        .into();
+    tokenizer.train(&mut trainer, texts.iter()).map_err(failed)?;
+    Ok(Tokenizer::from(tokenizer))
+}
+
+/// tokenizer.json, tokenizer_config.json, chat_template.jinja and
+/// generation_config.json, as an HF model directory has them.
+fn write_tokenizer_files(tokenizer: &Tokenizer, dir: &Path) -> Result<(), Error> {
+    let failed = |e: String| Error::Train(format!("writing the tokenizer to {}: {e}", dir.display()));
+    tokenizer.save(dir.join("tokenizer.json"), false).map_err(|e| failed(e.to_string()))?;
+    let id = |token: &str| tokenizer.token_to_id(token);
+    let files = [
+        (
+            "tokenizer_config.json",
+            json!({"bos_token": IM_START, "eos_token": IM_END, "pad_token": IM_END, "unk_token": END_OF_TEXT,
+                   "model_max_length": 8192, "tokenizer_class": "PreTrainedTokenizerFast"})
+            .to_string(),
+        ),
+        ("chat_template.jinja", CHAT_TEMPLATE.to_owned()),
+        (
+            "generation_config.json",
+            json!({"bos_token_id": id(IM_START), "eos_token_id": id(IM_END), "pad_token_id": id(IM_END)}).to_string(),
+        ),
+    ];
+    for (name, text) in files {
+        std::fs::write(dir.join(name), text).map_err(|e| failed(e.to_string()))?;
+    }
+    Ok(())
+}
+
+fn parameter_count(dir: &Path) -> Result<i64, Error> {
+    let tensors =
+        tch::Tensor::read_safetensors(dir.join("model.safetensors")).map_err(sleuth_model::ModelError::from)?;
+    Ok(tensors.iter().map(|(_, t)| t.numel() as i64).sum())
+}
