@@ -73,10 +73,23 @@ pub fn write_random_llama(tokenizer_dir: &Path, dir: &Path, shape: TinyShape, se
     let base_path = tokenizer_dir.join("config.json");
     let base: Json = serde_json::from_str(&std::fs::read_to_string(&base_path).map_err(io(&base_path))?)
         .map_err(|e| ModelError::Config { path: base_path.display().to_string(), message: e.to_string() })?;
-    let config_json = json!({
+    let token = |name: &str| base[name].as_u64().and_then(|id| u32::try_from(id).ok());
+    let vocab_size = base["vocab_size"].as_u64().ok_or_else(|| ModelError::Config {
+        path: base_path.display().to_string(),
+        message: "no vocab_size".to_owned(),
+    })? as usize;
+    let config_json =
+        llama_config(shape, vocab_size, [token("bos_token_id"), token("eos_token_id"), token("pad_token_id")]);
+    write_random(&config_json, tokenizer_dir, dir, seed)
+}
+
+/// The HF config of a Llama of `shape` over a vocabulary of `vocab_size`
+/// tokens, with `[bos, eos, pad]` token ids, tied embeddings and f32 weights.
+pub fn llama_config(shape: TinyShape, vocab_size: usize, [bos, eos, pad]: [Option<u32>; 3]) -> Json {
+    json!({
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
-        "vocab_size": base["vocab_size"],
+        "vocab_size": vocab_size,
         "hidden_size": shape.hidden_size,
         "intermediate_size": shape.intermediate_size,
         "num_hidden_layers": shape.layers,
@@ -87,15 +100,16 @@ pub fn write_random_llama(tokenizer_dir: &Path, dir: &Path, shape: TinyShape, se
         "max_position_embeddings": 8192,
         "rms_norm_eps": 1e-5,
         "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
+        // Tied: a tiny model's output layer is most of it, and copying a
+        // name from its context writes the embedding it read.
         "tie_word_embeddings": true,
         "attention_bias": false,
         "mlp_bias": false,
-        "bos_token_id": base["bos_token_id"],
-        "eos_token_id": base["eos_token_id"],
-        "pad_token_id": base["pad_token_id"],
+        "bos_token_id": bos,
+        "eos_token_id": eos,
+        "pad_token_id": pad,
         "dtype": "float32",
-    });
-    write_random(&config_json, tokenizer_dir, dir, seed)
+    })
 }
 
 /// Writes a randomly initialised model of HF config `config_json` to `dir`

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::json;
 use sleuth_beir::{BadLines, BeirDir};
-use sleuth_model::export::write_random;
+use sleuth_model::export::{TinyShape, llama_config, write_random};
 use tokenizers::decoders::DecoderWrapper;
 use tokenizers::models::ModelWrapper;
 use tokenizers::models::TrainerWrapper;
@@ -106,31 +106,16 @@ pub fn init_policy(args: &FreshArgs) -> Result<Fresh, Error> {
     let tokenizer = train_tokenizer(&texts, args.vocab_size as usize)?;
     let scratch = tempfile::tempdir().map_err(|e| Error::Train(e.to_string()))?;
     write_tokenizer_files(&tokenizer, scratch.path())?;
-    let id = |token: &str| tokenizer.token_to_id(token).expect("control tokens are in the vocabulary");
+    let id = |token: &str| tokenizer.token_to_id(token);
     let heads = args.hidden_size / 64;
-    let config = json!({
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "vocab_size": tokenizer.get_vocab_size(true),
-        "hidden_size": args.hidden_size,
-        "intermediate_size": 3 * args.hidden_size,
-        "num_hidden_layers": args.layers,
-        "num_attention_heads": heads,
-        "num_key_value_heads": (heads + 1) / 2,
-        "head_dim": 64,
-        "hidden_act": "silu",
-        "max_position_embeddings": 8192,
-        "rms_norm_eps": 1e-5,
-        "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
-        // Tied: copying a name from an observation writes the embedding it read.
-        "tie_word_embeddings": true,
-        "attention_bias": false,
-        "mlp_bias": false,
-        "bos_token_id": id(IM_START),
-        "eos_token_id": id(IM_END),
-        "pad_token_id": id(IM_END),
-        "dtype": "float32",
-    });
+    let shape = TinyShape {
+        hidden_size: args.hidden_size,
+        layers: args.layers,
+        heads,
+        kv_heads: (heads + 1) / 2,
+        intermediate_size: 3 * args.hidden_size,
+    };
+    let config = llama_config(shape, tokenizer.get_vocab_size(true), [id(IM_START), id(IM_END), id(IM_END)]);
     write_random(&config, scratch.path(), &args.out, args.seed)?;
     let parameters = parameter_count(&args.out)?;
     Ok(Fresh { dir: args.out.clone(), vocab_size: tokenizer.get_vocab_size(true), parameters })
