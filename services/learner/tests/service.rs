@@ -484,9 +484,6 @@ async fn checkpoints_go_to_s3_and_the_policy_server_loads_them_from_there() -> R
 /// weights while the learner waits for groups, without a new step.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_policy_server_that_missed_a_version_gets_the_current_weights() -> Result<()> {
-    use sleuth_proto::policy::v1::GetModelInfoRequest;
-    use sleuth_proto::policy::v1::policy_server_client::PolicyServerClient;
-
     let scratch = tempfile::tempdir()?;
     let (env, _redis_server) = Env::start(scratch.path())?;
     let (model, redis_url, database) = (env.model.to_str().context("utf-8")?, &env.redis_url, &env.database);
@@ -511,17 +508,7 @@ async fn a_policy_server_that_missed_a_version_gets_the_current_weights() -> Res
         ["policy-server", "--listen", &late_addr, "--device", "cpu", "--dtype", "f32", "--model", model]
     );
     sleuth_testkit::service::wait_serving(&policy_addr, "sleuth.policy.v1.PolicyServer").await?;
-    let mut policy =
-        PolicyServerClient::new(sleuth_kit::client::connect(&policy_addr, None, Duration::from_secs(5)).await?);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let served = policy.get_model_info(GetModelInfoRequest {}).await?.into_inner().policy_version;
-        if served == 1 {
-            break;
-        }
-        ensure!(Instant::now() < deadline, "the late policy server still serves version {served}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    until_served(&policy_addr, 1, "the late policy server").await?;
     Ok(())
 }
 
@@ -614,8 +601,6 @@ async fn a_second_learner_waits_and_a_stuck_one_is_fenced_off() -> Result<()> {
 /// one that stops being ready is left out of publication.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_policy_pod_that_joins_through_kubernetes_gets_the_current_weights() -> Result<()> {
-    use sleuth_proto::policy::v1::GetModelInfoRequest;
-    use sleuth_proto::policy::v1::policy_server_client::PolicyServerClient;
     use sleuth_testkit::kube_api::FakeKubeApi;
 
     let scratch = tempfile::tempdir()?;
@@ -643,35 +628,32 @@ async fn a_policy_pod_that_joins_through_kubernetes_gets_the_current_weights() -
     // A policy-server pod becomes ready: its endpoint appears in the Service's slice.
     let (policy_addr, _policy) = sleuth_testkit::start_service!(
         policy_server,
-        [
-            "policy-server",
-            "--listen",
-            "127.0.0.1:0",
-            "--device",
-            "cpu",
-            "--dtype",
-            "f32",
-            "--model",
-            env.model.to_str().context("utf-8")?
-        ]
+        sleuth_testkit::service::policy_server_args(env.model.to_str().context("utf-8")?, &[])
     );
     sleuth_testkit::service::wait_serving(&policy_addr, "sleuth.policy.v1.PolicyServer").await?;
     let port: u16 = policy_addr.rsplit(':').next().context("port")?.parse()?;
     api.set_slice("policy", "policy-a", "grpc", port, &[("127.0.0.1", true)]);
-    let mut policy =
-        PolicyServerClient::new(sleuth_kit::client::connect(&policy_addr, None, Duration::from_secs(5)).await?);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let served = policy.get_model_info(GetModelInfoRequest {}).await?.into_inner().policy_version;
-        if served == 1 {
-            break;
-        }
-        ensure!(Instant::now() < deadline, "the joining policy pod still serves version {served}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    until_served(&policy_addr, 1, "the joining policy pod").await?;
     let _ = learner.kill();
     let _ = learner.wait();
     let text = log.join().unwrap_or_default();
     assert!(text.contains("publication target joined"), "{text}");
     Ok(())
+}
+
+/// Waits up to 30 s until the policy server at `addr` serves `version`;
+/// `who` names it in the error.
+async fn until_served(addr: &str, version: u64, who: &str) -> Result<()> {
+    use sleuth_proto::policy::v1::GetModelInfoRequest;
+    use sleuth_proto::policy::v1::policy_server_client::PolicyServerClient;
+    let mut policy = PolicyServerClient::new(sleuth_kit::client::connect(addr, None, Duration::from_secs(5)).await?);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let served = policy.get_model_info(GetModelInfoRequest {}).await?.into_inner().policy_version;
+        if served == version {
+            return Ok(());
+        }
+        ensure!(Instant::now() < deadline, "{who} still serves version {served}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
