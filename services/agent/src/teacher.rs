@@ -11,8 +11,8 @@
 //! episode from the episode's seed, among those whose tool is offered, so
 //! SFT learns a mixture and RL has a choice to make.
 
-use serde::Serialize as _;
 use serde_json::json;
+use sleuth_chat::observation::{ListedHit, names, parse_search_results};
 use sleuth_proto::common::v1::ToolSpec;
 
 use crate::prompt::SUBMIT_TOOL;
@@ -90,12 +90,6 @@ impl TeacherSpec {
     }
 }
 
-/// One search's results, as the observation lists them.
-struct Hit {
-    id: String,
-    text: String,
-}
-
 /// A teacher following one strategy through one episode.
 pub struct Teacher {
     strategy: Strategy,
@@ -103,7 +97,7 @@ pub struct Teacher {
     /// The queries searched so far.
     searched: Vec<String>,
     /// Each search's hits, in order.
-    results: Vec<Vec<Hit>>,
+    results: Vec<Vec<ListedHit>>,
 }
 
 impl Teacher {
@@ -115,7 +109,7 @@ impl Teacher {
     /// the first turn) and the turns left (the last one submits).
     pub fn reply(&mut self, observation: Option<&str>, turns_left: u32) -> String {
         if let Some(observation) = observation {
-            self.results.push(parse_hits(observation));
+            self.results.push(parse_search_results(observation));
         }
         if self.searched.is_empty() && turns_left > 1 {
             return self.search(self.question.clone());
@@ -156,87 +150,10 @@ impl Teacher {
     }
 }
 
-/// A tool call as the chat template renders one (`", "` and `": "`
-/// separators, keys sorted): a reply written otherwise would re-render to
-/// other tokens on the next turn and count as drift.
+/// A tool call as the chat template renders one: a reply written otherwise
+/// would re-render to other tokens on the next turn and count as drift.
 fn call(tool: &str, arguments: &serde_json::Value) -> String {
-    // Keys in the template's order: name, then arguments.
-    let (name, arguments) = (template_json(&json!(tool)), template_json(arguments));
-    format!(r#"<tool_call>[{{"name": {name}, "arguments": {arguments}}}]</tool_call>"#)
-}
-
-/// JSON with the separators Python's `json.dumps` (the templates' `tojson`) writes.
-fn template_json(value: &serde_json::Value) -> String {
-    struct Spaced;
-    impl serde_json::ser::Formatter for Spaced {
-        fn begin_array_value<W: ?Sized + std::io::Write>(
-            &mut self,
-            writer: &mut W,
-            first: bool,
-        ) -> std::io::Result<()> {
-            if first { Ok(()) } else { writer.write_all(b", ") }
-        }
-        fn begin_object_key<W: ?Sized + std::io::Write>(&mut self, writer: &mut W, first: bool) -> std::io::Result<()> {
-            if first { Ok(()) } else { writer.write_all(b", ") }
-        }
-        fn begin_object_value<W: ?Sized + std::io::Write>(&mut self, writer: &mut W) -> std::io::Result<()> {
-            writer.write_all(b": ")
-        }
-    }
-    let mut out = Vec::new();
-    let mut serializer = serde_json::Serializer::with_formatter(&mut out, Spaced);
-    value.serialize(&mut serializer).expect("a JSON value serialises");
-    String::from_utf8(out).expect("JSON is UTF-8")
-}
-
-/// The hits of a search observation (`[n] doc_id: <id> | <title>` then the snippet).
-fn parse_hits(observation: &str) -> Vec<Hit> {
-    let mut hits: Vec<Hit> = Vec::new();
-    for line in observation.lines() {
-        let heading = line.split_once("] doc_id: ").filter(|(rank, _)| rank.starts_with('['));
-        match (heading, hits.last_mut()) {
-            (Some((_, rest)), _) => {
-                let (id, title) = rest.split_once(" | ").unwrap_or((rest, ""));
-                hits.push(Hit { id: id.trim().to_owned(), text: format!("{title}. ") });
-            }
-            (None, Some(hit)) => hit.text.push_str(line),
-            (None, None) => {}
-        }
-    }
-    hits
-}
-
-/// Runs of capitalised words in `text`, in order: names. A single word that
-/// starts a sentence is only capitalised by position, and is skipped.
-fn names(text: &str) -> Vec<String> {
-    let mut found = Vec::new();
-    let mut run: Vec<&str> = Vec::new();
-    let mut sentence_start = true;
-    let mut close = |run: &mut Vec<&str>, started_sentence: bool| {
-        if run.len() > 1 || (run.len() == 1 && !started_sentence) {
-            found.push(run.join(" "));
-        }
-        run.clear();
-    };
-    let mut run_started_sentence = false;
-    for raw in text.split_whitespace() {
-        let word = raw.trim_matches(|c: char| !c.is_alphanumeric());
-        let capitalised = word.chars().next().is_some_and(char::is_uppercase) && word.chars().all(char::is_alphabetic);
-        if capitalised {
-            if run.is_empty() {
-                run_started_sentence = sentence_start;
-            }
-            run.push(word);
-        } else {
-            close(&mut run, run_started_sentence);
-        }
-        if !raw.ends_with(|c: char| c.is_alphanumeric()) {
-            close(&mut run, run_started_sentence);
-        }
-        sentence_start = raw.ends_with(['.', '?', '!', ':']);
-    }
-    close(&mut run, run_started_sentence);
-    found
+    sleuth_chat::tool_calls_text(&[json!({"name": tool, "arguments": arguments})])
 }
 
 #[cfg(test)]
@@ -269,12 +186,6 @@ mod tests {
             (0..64).map(|seed| TeacherSpec::Mixture.choose(seed, &offered).unwrap().hops).collect();
         assert_eq!(chosen, [0, 1, 2].into());
         assert!((0..64).all(|seed| TeacherSpec::Mixture.choose(seed, &offered).unwrap().tool == "bm25_search"));
-    }
-
-    #[test]
-    fn names_are_runs_of_capitalised_words_not_sentence_starts() {
-        let text = "Klabou Atelier was started by Ada Varnok in 1903. It makes kettles. Ada enjoys Foukur.";
-        assert_eq!(names(text), ["Klabou Atelier", "Ada Varnok", "Foukur"]);
     }
 
     #[test]

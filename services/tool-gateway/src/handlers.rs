@@ -54,7 +54,7 @@ fn hits_to_proto(collection: &Collection, hits: &[Hit]) -> Vec<pb::SearchHit> {
             pb::SearchHit {
                 doc_id: document.id.clone(),
                 title: document.title.clone(),
-                snippet: tools::snippet(&document.text),
+                snippet: sleuth_chat::observation::snippet(&document.text),
                 score: hit.score,
             }
         })
@@ -112,7 +112,7 @@ impl ToolGateway for Handlers {
         if query.is_empty() {
             return Err(Error::InvalidArgument("query must not be empty".to_owned()).into());
         }
-        let query = tools::shorten(query, MAX_QUERY_CHARS).to_owned();
+        let query = sleuth_chat::observation::shorten(query, MAX_QUERY_CHARS).to_owned();
         let method = pb::SearchMethod::try_from(request.method).unwrap_or(pb::SearchMethod::Unspecified);
         let k = request.k as usize;
         let started = std::time::Instant::now();

@@ -113,7 +113,7 @@ pub fn search(args: SearchArgs) -> Result<(), Error> {
             rank + 1,
             hit.score,
             document.id,
-            crate::tools::shorten(document.title.trim(), 90)
+            sleuth_chat::observation::shorten(document.title.trim(), 90)
         );
     }
     Ok(())

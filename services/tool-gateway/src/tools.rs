@@ -6,6 +6,8 @@
 //! message is shown to the model as the tool's observation.
 
 use serde_json::{Map, Value, json};
+use sleuth_chat::observation;
+use sleuth_chat::observation::shorten;
 use sleuth_proto::common::v1::ToolSpec;
 
 use crate::collection::{Collection, Hit};
@@ -23,7 +25,6 @@ const DEFAULT_TOOL_K: u64 = 10;
 /// Queries longer than this are cut (not rejected): models sometimes paste whole documents.
 pub const MAX_QUERY_CHARS: usize = 1000;
 /// Characters of a document's text shown per search hit.
-const SNIPPET_CHARS: usize = 300;
 
 fn search_parameters() -> String {
     json!({
@@ -182,14 +183,6 @@ fn invalid(message: String) -> Error {
     Error::InvalidArgument(message)
 }
 
-/// At most `max` characters of `text`, cut at a character boundary.
-pub fn shorten(text: &str, max: usize) -> &str {
-    match text.char_indices().nth(max) {
-        Some((end, _)) => &text[..end],
-        None => text,
-    }
-}
-
 /// The result of a tool call, structured and rendered.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Observation {
@@ -242,32 +235,18 @@ pub fn execute(
 }
 
 fn render_hits(collection: &Collection, tool: &str, query: &str, hits: &[Hit]) -> String {
-    if hits.is_empty() {
-        return format!("{tool} found no documents for {query:?}.");
-    }
-    let mut text = format!("{tool} results for {query:?}:\n");
-    for (rank, hit) in hits.iter().enumerate() {
-        let document = collection.document(hit.ordinal);
-        text.push_str(&format!(
-            "[{}] doc_id: {} | {}\n{}\n",
-            rank + 1,
-            document.id,
-            document.title.trim(),
-            snippet(&document.text)
-        ));
-    }
-    text
+    let shown: Vec<observation::Hit> = hits
+        .iter()
+        .map(|hit| {
+            let document = collection.document(hit.ordinal);
+            observation::Hit { id: &document.id, title: &document.title, text: &document.text }
+        })
+        .collect();
+    observation::search_results(tool, query, &shown)
 }
 
 fn render_document(document: &StoredDocument) -> String {
     format!("doc_id: {}\ntitle: {}\n\n{}", document.id, document.title.trim(), document.text.trim())
-}
-
-/// The leading text of a document, for search results.
-pub fn snippet(text: &str) -> String {
-    let text = text.trim();
-    let short = shorten(text, SNIPPET_CHARS);
-    if short.len() < text.len() { format!("{short}...") } else { short.to_owned() }
 }
 
 const TRUNCATION_MARK: &str = "\n[observation truncated]";

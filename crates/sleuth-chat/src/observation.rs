@@ -1,0 +1,136 @@
+//! Search observations: the text a search tool's hits become in the
+//! conversation. The tool gateway writes it; the scripted teacher and the
+//! fresh policy's copy pre-training read it. One definition, so that what
+//! the policy is pre-trained and taught on is what it will be shown.
+
+/// Characters of a document's text shown in a search hit.
+pub const SNIPPET_CHARS: usize = 300;
+
+/// One document in a search's results, as the tool renders it.
+#[derive(Debug, Clone, Copy)]
+pub struct Hit<'a> {
+    /// The document's id, which the policy submits.
+    pub id: &'a str,
+    /// The document's title.
+    pub title: &'a str,
+    /// The document's full text (the observation shows its snippet).
+    pub text: &'a str,
+}
+
+/// `tool results for "query":` then `[n] doc_id: <id> | <title>` and the
+/// snippet of each hit, best first.
+pub fn search_results(tool: &str, query: &str, hits: &[Hit]) -> String {
+    if hits.is_empty() {
+        return format!("{tool} found no documents for {query:?}.");
+    }
+    let mut text = format!("{tool} results for {query:?}:\n");
+    for (rank, hit) in hits.iter().enumerate() {
+        text.push_str(&format!("[{}] doc_id: {} | {}\n{}\n", rank + 1, hit.id, hit.title.trim(), snippet(hit.text)));
+    }
+    text
+}
+
+/// At most `max` characters of `text`, cut at a character boundary.
+pub fn shorten(text: &str, max: usize) -> &str {
+    match text.char_indices().nth(max) {
+        Some((end, _)) => &text[..end],
+        None => text,
+    }
+}
+
+/// The leading text of a document, for search results.
+pub fn snippet(text: &str) -> String {
+    let text = text.trim();
+    let short = shorten(text, SNIPPET_CHARS);
+    if short.len() < text.len() { format!("{short}...") } else { short.to_owned() }
+}
+
+/// A hit read back from an observation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListedHit {
+    /// The document's id.
+    pub id: String,
+    /// `<title>. <snippet>`: what the observation shows of the document.
+    pub text: String,
+}
+
+/// The hits of a search observation, in the order listed.
+pub fn parse_search_results(observation: &str) -> Vec<ListedHit> {
+    let mut hits: Vec<ListedHit> = Vec::new();
+    for line in observation.lines() {
+        let heading = line.split_once("] doc_id: ").filter(|(rank, _)| rank.starts_with('['));
+        match (heading, hits.last_mut()) {
+            (Some((_, rest)), _) => {
+                let (id, title) = rest.split_once(" | ").unwrap_or((rest, ""));
+                hits.push(ListedHit { id: id.trim().to_owned(), text: format!("{title}. ") });
+            }
+            (None, Some(hit)) => hit.text.push_str(line),
+            (None, None) => {}
+        }
+    }
+    hits
+}
+
+/// Runs of capitalised words in `text`, in order: names, the bridges a
+/// multi-hop search follows. A single word that starts a sentence is only
+/// capitalised by position, and is skipped.
+pub fn names(text: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut run: Vec<&str> = Vec::new();
+    let mut sentence_start = true;
+    let mut close = |run: &mut Vec<&str>, started_sentence: bool| {
+        if run.len() > 1 || (run.len() == 1 && !started_sentence) {
+            found.push(run.join(" "));
+        }
+        run.clear();
+    };
+    let mut run_started_sentence = false;
+    for raw in text.split_whitespace() {
+        let word = raw.trim_matches(|c: char| !c.is_alphanumeric());
+        let capitalised = word.chars().next().is_some_and(char::is_uppercase) && word.chars().all(char::is_alphabetic);
+        if capitalised {
+            if run.is_empty() {
+                run_started_sentence = sentence_start;
+            }
+            run.push(word);
+        } else {
+            close(&mut run, run_started_sentence);
+        }
+        if !raw.ends_with(|c: char| c.is_alphanumeric()) {
+            close(&mut run, run_started_sentence);
+        }
+        sentence_start = raw.ends_with(['.', '?', '!', ':']);
+    }
+    close(&mut run, run_started_sentence);
+    found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_runs_of_capitalised_words_not_sentence_starts() {
+        let text = "Klabou Atelier was started by Ada Varnok in 1903. It makes kettles. Ada enjoys Foukur.";
+        assert_eq!(names(text), ["Klabou Atelier", "Ada Varnok", "Foukur"]);
+    }
+
+    #[test]
+    fn rendered_results_parse_back_to_their_hits() {
+        let long = "word ".repeat(100);
+        let hits = [
+            Hit { id: "o3", title: "Klabou Atelier ", text: "Started by Ada Varnok." },
+            Hit { id: "p3", title: "Ada Varnok", text: &long },
+        ];
+        let observation = search_results("bm25_search", "who \"started\" it", &hits);
+        assert!(
+            observation
+                .starts_with("bm25_search results for \"who \\\"started\\\" it\":\n[1] doc_id: o3 | Klabou Atelier\n")
+        );
+        let listed = parse_search_results(&observation);
+        assert_eq!(listed[0], ListedHit { id: "o3".into(), text: "Klabou Atelier. Started by Ada Varnok.".into() });
+        assert_eq!(listed[1].id, "p3");
+        assert!(listed[1].text.ends_with("..."), "{}", listed[1].text);
+        assert_eq!(search_results("bm25_search", "q", &[]), "bm25_search found no documents for \"q\".");
+    }
+}
