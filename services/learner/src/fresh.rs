@@ -18,7 +18,7 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 use serde_json::json;
-use sleuth_beir::{BadLines, BeirDir};
+use sleuth_beir::{BadLines, BeirDir, Document};
 use sleuth_model::export::{TinyShape, llama_config, write_random};
 use tokenizers::decoders::DecoderWrapper;
 use tokenizers::models::ModelWrapper;
@@ -31,6 +31,7 @@ use tokenizers::processors::PostProcessorWrapper;
 use tokenizers::{AddedToken, Tokenizer, TokenizerBuilder, TokenizerImpl};
 
 use crate::Error;
+use crate::copying::{CopyReport, CopyTraining, copy_pretrain};
 
 /// The chat template's control tokens (ChatML, as SmolLM2 and Qwen use).
 const END_OF_TEXT: &str = "<|endoftext|>";
@@ -74,9 +75,19 @@ pub struct FreshArgs {
     /// Transformer layers.
     #[arg(long, default_value_t = 4)]
     pub layers: i64,
-    /// Seed of the weights.
+    /// Seed of the weights and of the copy pre-training's conversations.
     #[arg(long, default_value_t = 1)]
     pub seed: i64,
+    /// Steps of copy pre-training on the collection's documents (0: none;
+    /// a policy without it memorises instead of copying, see `copying`).
+    #[arg(long, default_value_t = 0)]
+    pub copy_steps: usize,
+    /// Conversations per copy pre-training step.
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..))]
+    pub copy_batch: u32,
+    /// Peak learning rate of copy pre-training.
+    #[arg(long, default_value_t = 2e-3)]
+    pub copy_lr: f64,
 }
 
 /// What was made, for the caller to report.
@@ -88,6 +99,8 @@ pub struct Fresh {
     pub vocab_size: usize,
     /// Parameters of the model.
     pub parameters: i64,
+    /// What copy pre-training reached, when it ran.
+    pub copying: Option<CopyReport>,
 }
 
 /// Trains the tokenizer and writes the model (see the module docs).
@@ -102,7 +115,10 @@ pub fn init_policy(args: &FreshArgs) -> Result<Fresh, Error> {
     if args.layers < 1 {
         return Err(invalid(format!("--layers {} must be at least 1", args.layers)));
     }
-    let texts = collection_text(&args.collection, &args.split)?;
+    if !(args.copy_lr > 0.0 && args.copy_lr.is_finite()) {
+        return Err(invalid(format!("--copy-lr {} must be a positive number", args.copy_lr)));
+    }
+    let (documents, texts) = collection_text(&args.collection, &args.split)?;
     let tokenizer = train_tokenizer(&texts, args.vocab_size as usize)?;
     let scratch = tempfile::tempdir().map_err(|e| Error::Train(e.to_string()))?;
     write_tokenizer_files(&tokenizer, scratch.path())?;
@@ -116,21 +132,37 @@ pub fn init_policy(args: &FreshArgs) -> Result<Fresh, Error> {
         intermediate_size: 3 * args.hidden_size,
     };
     let config = llama_config(shape, tokenizer.get_vocab_size(true), [id(IM_START), id(IM_END), id(IM_END)]);
-    write_random(&config, scratch.path(), &args.out, args.seed)?;
+    let copying = if args.copy_steps == 0 {
+        write_random(&config, scratch.path(), &args.out, args.seed)?;
+        None
+    } else {
+        let random = scratch.path().join("random");
+        write_random(&config, scratch.path(), &random, args.seed)?;
+        let spec = CopyTraining {
+            steps: args.copy_steps,
+            batch: args.copy_batch as usize,
+            lr: args.copy_lr,
+            seed: args.seed as u64,
+            report_every: 25,
+        };
+        Some(copy_pretrain(&random, &documents, &spec, &args.out)?)
+    };
     let parameters = parameter_count(&args.out)?;
-    Ok(Fresh { dir: args.out.clone(), vocab_size: tokenizer.get_vocab_size(true), parameters })
+    Ok(Fresh { dir: args.out.clone(), vocab_size: tokenizer.get_vocab_size(true), parameters, copying })
 }
 
-/// The documents (title and text) and the questions of `split`, plus the
-/// agent protocol's text.
-fn collection_text(collection: &Path, split: &str) -> Result<Vec<String>, Error> {
+/// The documents, and the text the tokenizer learns from: the documents
+/// (title and text), the questions of `split` and the agent protocol's text.
+fn collection_text(collection: &Path, split: &str) -> Result<(Vec<Document>, Vec<String>), Error> {
     let beir = BeirDir::new(collection);
     let failed =
         |e: sleuth_beir::BeirError| Error::InvalidArgument(format!("--collection {}: {e}", collection.display()));
     let mut texts = vec![PROTOCOL.to_owned()];
+    let mut documents = Vec::new();
     for document in beir.corpus(BadLines::Fail).map_err(failed)? {
         let document = document.map_err(failed)?;
         texts.push(format!("{} | {}\n{}", document.id, document.title, document.text));
+        documents.push(document);
     }
     let asked: HashSet<String> = beir.qrels(split).map_err(failed)?.into_keys().collect();
     for query in beir.queries(BadLines::Fail).map_err(failed)? {
@@ -138,7 +170,7 @@ fn collection_text(collection: &Path, split: &str) -> Result<Vec<String>, Error>
             texts.push(query.text);
         }
     }
-    Ok(texts)
+    Ok((documents, texts))
 }
 
 /// A byte-level BPE of `vocab_size` tokens over `texts`: lossless on any

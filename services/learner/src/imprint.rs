@@ -7,17 +7,15 @@
 
 use std::path::Path;
 
-use sleuth_chat::ChatTemplate;
 use sleuth_model::export::{TinyShape, save_hf_dir, write_random_llama};
 use sleuth_model::{Config, Model, load_weights};
 use tch::Device;
 use tch::nn::VarStore;
-use tokenizers::Tokenizer;
 
 use crate::Error;
-use crate::batch::Sample;
 use crate::collective::Single;
 use crate::loss::Aggregation;
+use crate::reply::{ReplyRenderer, ReplySample, predict_reply};
 use crate::shard::AdamW;
 use crate::trainer::{Objective, Trainer, TrainerConfig};
 
@@ -149,21 +147,14 @@ pub fn imprint(tokenizer_dir: &Path, out: &Path, spec: &Imprint) -> Result<f64, 
         return Err(Error::InvalidArgument("imprint: no reply to imprint".into()));
     }
     let fail = |e: &dyn std::fmt::Display| Error::Train(format!("imprint: {e}"));
-    let template = ChatTemplate::from_dir(tokenizer_dir).map_err(|e| fail(&e))?;
-    let tokenizer = Tokenizer::from_file(tokenizer_dir.join("tokenizer.json")).map_err(|e| fail(&e))?;
-    let end_of_turn = tokenizer
-        .token_to_id(&template.eos_token)
-        .ok_or_else(|| fail(&"the template's eos token is not in the vocabulary"))?;
-    let encode = |text: &str| -> Result<Vec<i64>, Error> {
-        Ok(tokenizer.encode(text, false).map_err(|e| fail(&e))?.get_ids().iter().map(|&t| i64::from(t)).collect())
-    };
+    let renderer = ReplyRenderer::from_dir(tokenizer_dir)?;
     // A conversation of a shape the agent produces: a question, maybe an
     // earlier reply and its tool observation, of random content and length.
     // Every step trains on fresh ones, so the model cannot memorise them and
     // learns the only thing they share: the reply after the assistant opening.
     // Conversation i ends with reply i mod n, so a mixture's replies are
     // equally frequent and none depends on the content.
-    let conversation = |seed: &mut u64, i: usize| -> Result<(Sample, Vec<i64>, Vec<i64>), Error> {
+    let conversation = |seed: &mut u64, i: usize| -> Result<ReplySample, Error> {
         let reply = replies[i % replies.len()];
         let mut messages = vec![
             serde_json::json!({"role": "system", "content": spec.system}),
@@ -174,22 +165,7 @@ pub fn imprint(tokenizer_dir: &Path, out: &Path, spec: &Imprint) -> Result<f64, 
             messages.push(serde_json::json!({"role": "assistant", "content": earlier}));
             messages.push(serde_json::json!({"role": "tool", "content": observation(seed, i + turn)}));
         }
-        let prompt = encode(&template.render(&messages, spec.tools, true).map_err(|e| fail(&e))?)?;
-        messages.push(serde_json::json!({"role": "assistant", "content": reply}));
-        let full = encode(&template.render(&messages, spec.tools, false).map_err(|e| fail(&e))?)?;
-        let end = full
-            .iter()
-            .rposition(|&t| t == i64::from(end_of_turn))
-            .ok_or_else(|| fail(&"rendered reply has no end of turn"))?;
-        if !full.starts_with(&prompt) || end < prompt.len() {
-            return Err(Error::InvalidArgument(
-                "imprint: the chat template does not extend the prompt with the reply".into(),
-            ));
-        }
-        let tokens = full[..=end].to_vec();
-        let mask = (0..tokens.len()).map(|j| if j >= prompt.len() { 1.0 } else { 0.0 }).collect();
-        let expected = tokens[prompt.len()..].to_vec();
-        Ok((Sample { behaviour: vec![0.0; tokens.len()], tokens, mask, advantage: 0.0 }, prompt, expected))
+        renderer.sample(&messages, spec.tools, reply)
     };
     let mut seed = 7u64;
     const PER_STEP: usize = 8;
@@ -211,32 +187,18 @@ pub fn imprint(tokenizer_dir: &Path, out: &Path, spec: &Imprint) -> Result<f64, 
     // turn) must give the reply exactly: checked every few steps, the stop
     // criterion. Sixteen of them: with six, a policy that garbled its reply
     // when the question shared a word with it ("what is fog made of") passed.
-    // One teacher-forced pass per conversation: greedy decoding reproduces
-    // the reply exactly iff every position's argmax is the reply's next token
-    // (decoding token by token cost 30x the forward passes).
+    // (One teacher-forced pass each: `predict_reply`.)
     // A mixture's stop criterion: each reply's probability (teacher-forced,
     // the product of its tokens') is at least 1/(2n) on unseen conversations.
     let floor = 1.0 / (2.0 * replies.len() as f64);
     let replies_exactly = |trainer: &Trainer, seed: &mut u64| -> Result<Option<String>, Error> {
         for i in 0..16 {
-            let (_, prompt, expected) = conversation(seed, i)?;
-            let sequence = [prompt.as_slice(), &expected[..expected.len() - 1]].concat();
-            let (predicted, logprob): (Vec<i64>, f64) = tch::no_grad(|| {
-                let logits = trainer.model.forward(&tch::Tensor::from_slice(&sequence).unsqueeze(0), None);
-                let reply = logits.get(0).narrow(0, prompt.len() as i64 - 1, expected.len() as i64);
-                let next = reply.argmax(-1, false);
-                let chosen = reply.log_softmax(-1, tch::Kind::Float).gather(
-                    -1,
-                    &tch::Tensor::from_slice(&expected).unsqueeze(-1),
-                    false,
-                );
-                Ok::<_, tch::TchError>((Vec::<i64>::try_from(&next)?, chosen.sum(tch::Kind::Double).double_value(&[])))
-            })
-            .map_err(|e| fail(&e))?;
-            let missed = if replies.len() == 1 { predicted != expected } else { logprob.exp() < floor };
+            let ReplySample { prompt, reply, .. } = conversation(seed, i)?;
+            let (predicted, logprob) = predict_reply(&trainer.model, &prompt, &reply)?;
+            let missed = if replies.len() == 1 { predicted != reply } else { logprob.exp() < floor };
             if missed {
                 let got: Vec<u32> = predicted.iter().map(|&t| t as u32).collect();
-                let greedy = tokenizer.decode(&got, false).unwrap_or_default();
+                let greedy = renderer.tokenizer.decode(&got, false).unwrap_or_default();
                 return Ok(Some(format!(
                     "{greedy} (reply {} has probability {:.3})",
                     i % replies.len(),
@@ -250,7 +212,7 @@ pub fn imprint(tokenizer_dir: &Path, out: &Path, spec: &Imprint) -> Result<f64, 
     let mut last_miss = String::new();
     for step in 0..spec.max_steps {
         let samples = (0..PER_STEP)
-            .map(|i| conversation(&mut seed, step * PER_STEP + i).map(|(sample, _, _)| sample))
+            .map(|i| conversation(&mut seed, step * PER_STEP + i).map(|made| made.sample))
             .collect::<Result<Vec<_>, _>>()?;
         loss = trainer.step(&samples).map_err(|e| fail(&e))?.loss;
         if step % 20 == 19 {

@@ -1,46 +1,54 @@
 use anyhow::Context;
-use clap::{Parser, Subcommand};
+use clap::Parser;
 
-/// Trains the policy on a run's trajectory groups and publishes its weights.
-/// Without a subcommand it serves gRPC.
+/// Trains the policy on a run's trajectory groups and publishes its weights
+/// (a gRPC server).
 #[derive(Parser, Debug)]
-#[command(name = "learner", version, args_conflicts_with_subcommands = true)]
-struct Cli {
-    #[command(subcommand)]
-    command: Option<Command>,
-
+#[command(
+    name = "learner",
+    version,
+    after_help = "Other commands:\n  learner init-policy --help   make a fresh policy for a collection"
+)]
+struct Serve {
     #[command(flatten)]
     config: learner::Config,
 }
 
-#[derive(Subcommand, Debug)]
+/// The learner's commands besides serving. They are dispatched on the first
+/// argument rather than declared as clap subcommands beside the server's
+/// flags: a parent's required flags (`--run-id`, often given by environment
+/// variables under Kubernetes) would otherwise be demanded of every
+/// subcommand too.
+#[derive(Parser, Debug)]
+#[command(name = "learner", version)]
 enum Command {
-    /// Make a fresh policy for a collection: a BPE tokenizer trained on its text and a random Llama.
+    /// Make a fresh policy for a collection: a BPE tokenizer trained on its
+    /// text, a random Llama, and optionally copy pre-training.
     InitPolicy(learner::fresh::FreshArgs),
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
-    match cli.command {
-        Some(Command::InitPolicy(args)) => {
-            let fresh = learner::fresh::init_policy(&args)?;
-            println!(
-                "wrote {}: {} parameters, a vocabulary of {} tokens trained on {}",
-                fresh.dir.display(),
-                fresh.parameters,
-                fresh.vocab_size,
-                args.collection.display()
-            );
+    if std::env::args_os().nth(1).is_some_and(|first| first == "init-policy") {
+        let Command::InitPolicy(args) = Command::parse();
+        let fresh = learner::fresh::init_policy(&args)?;
+        println!(
+            "wrote {}: {} parameters, a vocabulary of {} tokens trained on {}",
+            fresh.dir.display(),
+            fresh.parameters,
+            fresh.vocab_size,
+            args.collection.display()
+        );
+        if let Some(copying) = fresh.copying {
+            println!("copy pre-training: {copying}");
         }
-        None => {
-            let config = cli.config;
-            let _telemetry = sleuth_kit::telemetry::init("learner", &config.telemetry)?;
-            let listener = tokio::net::TcpListener::bind(config.listen)
-                .await
-                .with_context(|| format!("cannot listen on {}", config.listen))?;
-            learner::run(config, listener, sleuth_kit::shutdown::signal()).await?;
-        }
+        return Ok(());
     }
+    let config = Serve::parse().config;
+    let _telemetry = sleuth_kit::telemetry::init("learner", &config.telemetry)?;
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", config.listen))?;
+    learner::run(config, listener, sleuth_kit::shutdown::signal()).await?;
     Ok(())
 }

@@ -169,30 +169,48 @@ fn a_fresh_policy_has_a_tokenizer_of_its_collection_and_loads_in_transformers() 
     let scratch = tempfile::tempdir()?;
     let collection = scratch.path().join("synth");
     sleuth_beir::synth::write(&collection, sleuth_beir::synth::SynthSpec { seed: 5, companies: 40 })?;
-    let args = learner::fresh::FreshArgs {
-        collection: collection.clone(),
-        split: "train".into(),
-        out: scratch.path().join("policy"),
-        vocab_size: 400,
-        hidden_size: 128,
-        layers: 2,
-        seed: 3,
+    // Through the command line, as a user makes one, with a short copy pre-training.
+    let out = scratch.path().join("policy");
+    let init_policy = || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_learner"))
+            .args(["init-policy", "--vocab-size", "400", "--hidden-size", "128", "--layers", "2", "--seed", "3"])
+            .args(["--copy-steps", "16", "--copy-batch", "8", "--collection"])
+            .args([&collection, &out])
+            .env_remove("SLEUTH_RUN_ID")
+            .output()
     };
-    let fresh = learner::fresh::init_policy(&args)?;
-    assert_eq!(fresh.vocab_size, 400);
-    assert!(fresh.parameters < 1_000_000, "{} parameters", fresh.parameters);
-    let again = learner::fresh::init_policy(&args).expect_err("the directory exists");
-    assert!(again.to_string().contains("exists"), "{again}");
+    let made = init_policy()?;
+    let report = String::from_utf8_lossy(&made.stdout);
+    eprintln!("{report}{}", String::from_utf8_lossy(&made.stderr));
+    assert!(made.status.success(), "init-policy failed");
+    let parameters: i64 = report
+        .split_once(": ")
+        .and_then(|(_, rest)| rest.split_once(" parameters"))
+        .context("the parameter count")?
+        .0
+        .parse()?;
+    assert!(parameters < 1_000_000, "{parameters} parameters");
+    assert!(report.contains("a vocabulary of 400 tokens"), "{report}");
+    // Copy pre-training learnt: the loss on conversations over held-out documents fell.
+    let after_word = |word: &str| -> anyhow::Result<f64> {
+        let rest = report.split_once(word).with_context(|| format!("{word:?} in the report"))?.1;
+        Ok(rest.split([',', ' ', ')']).next().unwrap_or_default().parse()?)
+    };
+    let (start, end) = (after_word("(at start ")?, after_word("held-out loss ")?);
+    assert!(end < start * 0.7, "held-out loss fell from {start:.3} to {end:.3}");
+    let again = init_policy()?;
+    assert!(!again.status.success() && String::from_utf8_lossy(&again.stderr).contains("exists"), "{again:?}");
+    let fresh_dir = out;
 
-    let config = sleuth_model::Config::from_file(&fresh.dir.join("config.json"))?;
+    let config = sleuth_model::Config::from_file(&fresh_dir.join("config.json"))?;
     let mut vars = VarStore::new(Device::Cpu);
     let model = sleuth_model::Model::new(&vars.root(), &config);
-    sleuth_model::load_weights(&mut vars, &fresh.dir)?;
+    sleuth_model::load_weights(&mut vars, &fresh_dir)?;
     let ids = [1i64, 50, 300, 399, 2];
     let ours = tch::no_grad(|| model.forward(&Tensor::from_slice(&ids).unsqueeze(0), None)).squeeze_dim(0);
     let script = sleuth_testkit::checkout_file("crates/sleuth-model/tests/export_logits.py");
     let args: Vec<String> =
-        std::iter::once(fresh.dir.display().to_string()).chain(ids.iter().map(i64::to_string)).collect();
+        std::iter::once(fresh_dir.display().to_string()).chain(ids.iter().map(i64::to_string)).collect();
     let args: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_ref()).collect();
     let reference = sleuth_testkit::run_python_json(&script, &args, None)?;
     let rows: Vec<Vec<f32>> = serde_json::from_value(reference["logits"].clone())?;
@@ -218,9 +236,9 @@ fn a_fresh_policy_has_a_tokenizer_of_its_collection_and_loads_in_transformers() 
         serde_json::json!({"type": "function", "function": {"name": "bm25_search", "description": "Search the collection.",
         "parameters": {"type": "object", "properties": {"query": {"type": "string"}, "k": {"type": "integer"}}}}}),
     ];
-    let template = sleuth_chat::ChatTemplate::from_dir(&fresh.dir)?;
+    let template = sleuth_chat::ChatTemplate::from_dir(&fresh_dir)?;
     let text = template.render(&messages, &tools, false)?;
-    let tokenizer = tokenizers::Tokenizer::from_file(fresh.dir.join("tokenizer.json")).map_err(anyhow::Error::msg)?;
+    let tokenizer = tokenizers::Tokenizer::from_file(fresh_dir.join("tokenizer.json")).map_err(anyhow::Error::msg)?;
     let encoding = tokenizer.encode(text.as_str(), false).map_err(anyhow::Error::msg)?;
     let decoded = tokenizer.decode(encoding.get_ids(), false).map_err(anyhow::Error::msg)?;
     assert_eq!(decoded, text, "the tokenizer spells the conversation back exactly");
@@ -229,7 +247,7 @@ fn a_fresh_policy_has_a_tokenizer_of_its_collection_and_loads_in_transformers() 
         .map_err(anyhow::Error::msg)?;
     let theirs = smollm2.encode(text.as_str(), false).map_err(anyhow::Error::msg)?.len();
     // Multiply-adds of a forward pass: about parameters x tokens.
-    let ours = fresh.parameters as f64 * encoding.len() as f64;
+    let ours = parameters as f64 * encoding.len() as f64;
     let smollm2_cost = 134_515_008.0 * theirs as f64;
     eprintln!(
         "the conversation is {} tokens here, {theirs} with SmolLM2's tokenizer; a forward pass costs {:.4} of SmolLM2-135M's",

@@ -24,7 +24,6 @@ pub const MAX_TOOL_K: u64 = 50;
 const DEFAULT_TOOL_K: u64 = 10;
 /// Queries longer than this are cut (not rejected): models sometimes paste whole documents.
 pub const MAX_QUERY_CHARS: usize = 1000;
-/// Characters of a document's text shown per search hit.
 
 fn search_parameters() -> String {
     json!({
