@@ -82,7 +82,7 @@ pub struct FreshArgs {
     /// a policy without it memorises instead of copying, see `copying`).
     #[arg(long, default_value_t = 0)]
     pub copy_steps: usize,
-    /// Conversations per copy pre-training step.
+    /// Samples per copy pre-training step (half repeated strings, half conversations).
     #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..))]
     pub copy_batch: u32,
     /// Peak learning rate of copy pre-training.

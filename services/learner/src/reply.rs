@@ -44,7 +44,8 @@ impl ReplyRenderer {
         Ok(Self { template, tokenizer, end_of_turn: i64::from(end_of_turn) })
     }
 
-    fn encode(&self, text: &str) -> Result<Vec<i64>, Error> {
+    /// `text`'s token ids (no special tokens added).
+    pub fn encode(&self, text: &str) -> Result<Vec<i64>, Error> {
         let encoding = self.tokenizer.encode(text, false).map_err(|e| Error::Train(format!("tokenizer: {e}")))?;
         Ok(encoding.get_ids().iter().map(|&t| i64::from(t)).collect())
     }
