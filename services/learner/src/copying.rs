@@ -331,7 +331,6 @@ pub fn copy_pretrain(
     )
     .map_err(|e| Error::Train(format!("config.json: {e}")))?;
     save_hf_dir(&trainer.named_tensors(), &config_json, model_dir, out)?;
-    report.loss = loss;
     Ok(report)
 }
 
