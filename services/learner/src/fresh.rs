@@ -11,8 +11,10 @@
 //!   seen often enough to be learnt. That includes the pieces that made-up
 //!   names are spelt with, which the policy must copy from search results
 //!   into its next query.
-//! - It starts knowing nothing, so what it learns is the recipe's doing:
-//!   teacher SFT, then GRPO.
+//! - It starts knowing nothing of the task, so what it learns is the
+//!   recipe's doing: teacher SFT, then GRPO. `--copy-steps` first teaches it
+//!   one skill from the documents alone, copying text into tool calls (see
+//!   [`crate::copying`]).
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
