@@ -71,6 +71,25 @@ pub fn parse_search_results(observation: &str) -> Vec<ListedHit> {
     hits
 }
 
+/// The bridge to follow: the first name in `hits` that none of `known`
+/// (the question and the queries searched so far) holds, ignoring case.
+pub fn first_new_name(hits: &[ListedHit], known: &[String]) -> Option<String> {
+    let known: Vec<String> = known.iter().map(|k| k.to_lowercase()).collect();
+    hits.iter().flat_map(|hit| names(&hit.text)).find(|name| !known.iter().any(|k| k.contains(&name.to_lowercase())))
+}
+
+/// The ids of the hits of `searches`, the latest search's first, each
+/// document once, at most `limit` of them: a ranking to submit.
+pub fn ranking(searches: &[Vec<ListedHit>], limit: usize) -> Vec<String> {
+    let mut ranking: Vec<String> = Vec::new();
+    for hit in searches.iter().rev().flatten() {
+        if !ranking.contains(&hit.id) && ranking.len() < limit {
+            ranking.push(hit.id.clone());
+        }
+    }
+    ranking
+}
+
 /// Runs of capitalised words in `text`, in order: names, the bridges a
 /// multi-hop search follows. A single word that starts a sentence is only
 /// capitalised by position, and is skipped.

@@ -12,7 +12,7 @@
 //! SFT learns a mixture and RL has a choice to make.
 
 use serde_json::json;
-use sleuth_chat::observation::{ListedHit, names, parse_search_results};
+use sleuth_chat::observation::{ListedHit, first_new_name, parse_search_results, ranking};
 use sleuth_proto::common::v1::ToolSpec;
 
 use crate::prompt::SUBMIT_TOOL;
@@ -129,24 +129,13 @@ impl Teacher {
 
     /// The first name in the latest results that no earlier query holds.
     fn bridge(&self) -> Option<String> {
-        let known: Vec<String> =
-            std::iter::once(&self.question).chain(&self.searched).map(|q| q.to_lowercase()).collect();
-        let latest = self.results.last()?;
-        latest
-            .iter()
-            .flat_map(|hit| names(&hit.text))
-            .find(|name| !known.iter().any(|k| k.contains(&name.to_lowercase())))
+        let known: Vec<String> = std::iter::once(&self.question).chain(&self.searched).cloned().collect();
+        first_new_name(self.results.last()?, &known)
     }
 
     /// The hits, the last search's first, each document once.
     fn submit(&self) -> String {
-        let mut ranking: Vec<&str> = Vec::new();
-        for hit in self.results.iter().rev().flatten() {
-            if !ranking.contains(&hit.id.as_str()) && ranking.len() < SUBMITTED {
-                ranking.push(&hit.id);
-            }
-        }
-        call(SUBMIT_TOOL, &json!({"doc_ids": ranking}))
+        call(SUBMIT_TOOL, &json!({"doc_ids": ranking(&self.results, SUBMITTED)}))
     }
 }
 

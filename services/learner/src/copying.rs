@@ -31,20 +31,16 @@ use std::time::Instant;
 
 use serde_json::{Value as Json, json};
 use sleuth_beir::Document;
-use sleuth_chat::observation::{Hit, names, parse_search_results, search_results, shorten};
+use sleuth_chat::observation::{
+    Hit, ListedHit, first_new_name, parse_search_results, ranking, search_results, shorten,
+};
 use sleuth_chat::tool_calls_text;
-use sleuth_model::export::save_hf_dir;
-use sleuth_model::{Config, Model, load_weights};
-use tch::Device;
-use tch::nn::VarStore;
 
 use crate::Error;
 use crate::batch::Sample;
-use crate::collective::Single;
-use crate::loss::Aggregation;
-use crate::reply::{ReplyRenderer, predict_reply};
+use crate::reply::{ReplyRenderer, predict_reply, save_trained, sft_trainer};
 use crate::shard::AdamW;
-use crate::trainer::{Objective, Trainer, TrainerConfig};
+use crate::trainer::Trainer;
 
 /// Hits a search asks for (the teacher's).
 const HITS: usize = 5;
@@ -210,7 +206,7 @@ fn conversation(source: &Source, task: Task, draw: &mut Draw) -> (Vec<Json>, Str
         return (messages, search(tool, &question));
     }
     let mut queries = vec![question.clone()];
-    let mut observed: Vec<Vec<String>> = Vec::new();
+    let mut observed: Vec<Vec<ListedHit>> = Vec::new();
     let mut bridge = None;
     for round in 0..1 + usize::from(draw.chance(35)) {
         let query = match (round, bridge.take()) {
@@ -225,12 +221,8 @@ fn conversation(source: &Source, task: Task, draw: &mut Draw) -> (Vec<Json>, Str
             .collect();
         let observation = search_results(tool, &query, &hits);
         let listed = parse_search_results(&observation);
-        let known: Vec<String> = queries.iter().map(|q| q.to_lowercase()).collect();
-        bridge = listed
-            .iter()
-            .flat_map(|hit| names(&hit.text))
-            .find(|name| !known.iter().any(|k| k.contains(&name.to_lowercase())));
-        observed.push(listed.into_iter().map(|hit| hit.id).collect());
+        bridge = first_new_name(&listed, &queries);
+        observed.push(listed);
         messages.push(json!({"role": "assistant", "content": search(tool, &query)}));
         messages.push(json!({"role": "tool", "content": observation}));
         queries.push(query);
@@ -238,14 +230,8 @@ fn conversation(source: &Source, task: Task, draw: &mut Draw) -> (Vec<Json>, Str
     match bridge.filter(|_| task == Task::Bridge) {
         Some(name) => (messages, search(tool, &name)),
         None => {
-            let mut ranking: Vec<&str> = Vec::new();
-            for id in observed.iter().rev().flatten() {
-                if !ranking.contains(&id.as_str()) && ranking.len() < SUBMITTED {
-                    ranking.push(id);
-                }
-            }
-            let submit = tool_calls_text(&[json!({"name": "submit_ranking", "arguments": {"doc_ids": ranking}})]);
-            (messages, submit)
+            let submit = json!({"name": "submit_ranking", "arguments": {"doc_ids": ranking(&observed, SUBMITTED)}});
+            (messages, tool_calls_text(&[submit]))
         }
     }
 }
@@ -272,18 +258,8 @@ pub fn copy_pretrain(
         return Err(Error::InvalidArgument("copy pre-training: batch and report_every must be positive".into()));
     }
     let renderer = ReplyRenderer::from_dir(model_dir)?;
-    let config = Config::from_file(&model_dir.join("config.json"))?;
-    let mut vars = VarStore::new(Device::Cpu);
-    let model = Model::new(&vars.root(), &config);
-    load_weights(&mut vars, model_dir)?;
     let peak = AdamW { lr: spec.lr, weight_decay: 0.01, ..AdamW::default() };
-    let trainer_config = TrainerConfig {
-        objective: Objective::Sft(Aggregation::TokenMean),
-        optimizer: peak,
-        max_grad_norm: 1.0,
-        micro_batch: MICRO_BATCH,
-    };
-    let mut trainer = Trainer::new(vars, model, None, trainer_config, Box::new(Single));
+    let mut trainer = sft_trainer(model_dir, peak, MICRO_BATCH)?;
     let started = Instant::now();
     let mut draw = Draw { seed: spec.seed, drawn: 0 };
     let mut loss = f64::NAN;
@@ -326,11 +302,7 @@ pub fn copy_pretrain(
             eprintln!("copy pre-training: step {}/{}: {report}", step + 1, spec.steps);
         }
     }
-    let config_json: Json = serde_json::from_slice(
-        &std::fs::read(model_dir.join("config.json")).map_err(|e| Error::Train(format!("config.json: {e}")))?,
-    )
-    .map_err(|e| Error::Train(format!("config.json: {e}")))?;
-    save_hf_dir(&trainer.named_tensors(), &config_json, model_dir, out)?;
+    save_trained(&trainer, model_dir, out)?;
     Ok(report)
 }
 

@@ -7,17 +7,12 @@
 
 use std::path::Path;
 
-use sleuth_model::export::{TinyShape, save_hf_dir, write_random_llama};
-use sleuth_model::{Config, Model, load_weights};
-use tch::Device;
-use tch::nn::VarStore;
+use sleuth_model::export::{TinyShape, write_random_llama};
 
 use crate::Error;
-use crate::collective::Single;
-use crate::loss::Aggregation;
-use crate::reply::{ReplyRenderer, ReplySample, predict_reply};
+use crate::reply::{ReplyRenderer, ReplySample, predict_reply, save_trained, sft_trainer};
 use crate::shard::AdamW;
-use crate::trainer::{Objective, Trainer, TrainerConfig};
+use crate::trainer::Trainer;
 
 /// Everyday words the noise is drawn from: the conversations a test agent
 /// has are questions and search results in plain English.
@@ -172,17 +167,8 @@ pub fn imprint(tokenizer_dir: &Path, out: &Path, spec: &Imprint) -> Result<f64, 
 
     let scratch = tempfile::tempdir().map_err(|e| fail(&e))?;
     write_random_llama(tokenizer_dir, scratch.path(), TinyShape::default(), 1).map_err(|e| fail(&e))?;
-    let config = Config::from_file(&scratch.path().join("config.json")).map_err(|e| fail(&e))?;
-    let mut vars = VarStore::new(Device::Cpu);
-    let model = Model::new(&vars.root(), &config);
-    load_weights(&mut vars, scratch.path()).map_err(|e| fail(&e))?;
-    let trainer_config = TrainerConfig {
-        objective: Objective::Sft(Aggregation::TokenMean),
-        optimizer: AdamW { lr: 1e-2, ..AdamW::default() },
-        max_grad_norm: 1.0,
-        micro_batch: PER_STEP,
-    };
-    let mut trainer = Trainer::new(vars, model, None, trainer_config, Box::new(Single));
+    let optimizer = AdamW { lr: 1e-2, ..AdamW::default() };
+    let mut trainer = sft_trainer(scratch.path(), optimizer, PER_STEP).map_err(|e| fail(&e))?;
     // Greedy decoding of unseen conversations (with and without an earlier
     // turn) must give the reply exactly: checked every few steps, the stop
     // criterion. Sixteen of them: with six, a policy that garbled its reply
@@ -218,11 +204,7 @@ pub fn imprint(tokenizer_dir: &Path, out: &Path, spec: &Imprint) -> Result<f64, 
         if step % 20 == 19 {
             match replies_exactly(&trainer, &mut seed)? {
                 None => {
-                    let config_json: serde_json::Value = serde_json::from_slice(
-                        &std::fs::read(scratch.path().join("config.json")).map_err(|e| fail(&e))?,
-                    )
-                    .map_err(|e| fail(&e))?;
-                    save_hf_dir(&trainer.named_tensors(), &config_json, tokenizer_dir, out).map_err(|e| fail(&e))?;
+                    save_trained(&trainer, scratch.path(), out).map_err(|e| fail(&e))?;
                     return Ok(loss);
                 }
                 Some(miss) => last_miss = miss,

@@ -7,11 +7,40 @@ use std::path::Path;
 
 use serde_json::Value as Json;
 use sleuth_chat::ChatTemplate;
-use sleuth_model::Model;
+use sleuth_model::export::save_hf_dir;
+use sleuth_model::{Config, Model, load_weights};
+use tch::Device;
+use tch::nn::VarStore;
 use tokenizers::Tokenizer;
 
 use crate::Error;
 use crate::batch::Sample;
+use crate::collective::Single;
+use crate::loss::Aggregation;
+use crate::shard::AdamW;
+use crate::trainer::{Objective, Trainer, TrainerConfig};
+
+/// A one-process trainer of trajectory SFT (per-token cross-entropy on the
+/// trainable tokens, gradients clipped at norm 1) over the HF model in `dir`.
+pub fn sft_trainer(dir: &Path, optimizer: AdamW, micro_batch: usize) -> Result<Trainer, Error> {
+    let config = Config::from_file(&dir.join("config.json"))?;
+    let mut vars = VarStore::new(Device::Cpu);
+    let model = Model::new(&vars.root(), &config);
+    load_weights(&mut vars, dir)?;
+    let config =
+        TrainerConfig { objective: Objective::Sft(Aggregation::TokenMean), optimizer, max_grad_norm: 1.0, micro_batch };
+    Ok(Trainer::new(vars, model, None, config, Box::new(Single)))
+}
+
+/// Writes `trainer`'s weights to `out` as an HF directory, with the config
+/// and tokenizer of `dir` (the model it was loaded from).
+pub fn save_trained(trainer: &Trainer, dir: &Path, out: &Path) -> Result<(), Error> {
+    let path = dir.join("config.json");
+    let text = std::fs::read(&path).map_err(|e| Error::Train(format!("{}: {e}", path.display())))?;
+    let config: Json = serde_json::from_slice(&text).map_err(|e| Error::Train(format!("{}: {e}", path.display())))?;
+    save_hf_dir(&trainer.named_tensors(), &config, dir, out)?;
+    Ok(())
+}
 
 /// Renders conversations with a model directory's own chat template and
 /// tokenizer.
