@@ -6,6 +6,13 @@
 /// Characters of a document's text shown in a search hit.
 pub const SNIPPET_CHARS: usize = 300;
 
+/// Results the scripted teacher asks of each search (and copy pre-training
+/// shows): enough to rank, few enough to fit an observation.
+pub const SEARCH_HITS: usize = 5;
+
+/// Documents in a submission without ids: the episode's searched hits, see [`ranking`].
+pub const SUBMITTED: usize = 10;
+
 /// One document in a search's results, as the tool renders it.
 #[derive(Debug, Clone, Copy)]
 pub struct Hit<'a> {
@@ -78,13 +85,16 @@ pub fn first_new_name(hits: &[ListedHit], known: &[String]) -> Option<String> {
     hits.iter().flat_map(|hit| names(&hit.text)).find(|name| !known.iter().any(|k| k.contains(&name.to_lowercase())))
 }
 
-/// The ids of the hits of `searches`, the latest search's first, each
-/// document once, at most `limit` of them: a ranking to submit.
-pub fn ranking(searches: &[Vec<ListedHit>], limit: usize) -> Vec<String> {
+/// The documents the searches of an episode found (each search's hit ids,
+/// in order), the latest search's first, each document once, at most
+/// `limit` of them: what a submission without ids ranks. The latest search
+/// first because a multi-hop search ends at the answer, which its first
+/// search (the question) could not reach.
+pub fn ranking(searches: &[Vec<String>], limit: usize) -> Vec<String> {
     let mut ranking: Vec<String> = Vec::new();
-    for hit in searches.iter().rev().flatten() {
-        if !ranking.contains(&hit.id) && ranking.len() < limit {
-            ranking.push(hit.id.clone());
+    for id in searches.iter().rev().flatten() {
+        if !ranking.contains(id) && ranking.len() < limit {
+            ranking.push(id.clone());
         }
     }
     ranking
@@ -151,5 +161,14 @@ mod tests {
         assert_eq!(listed[1].id, "p3");
         assert!(listed[1].text.ends_with("..."), "{}", listed[1].text);
         assert_eq!(search_results("bm25_search", "q", &[]), "bm25_search found no documents for \"q\".");
+    }
+
+    #[test]
+    fn the_searched_ranking_puts_the_latest_search_first_and_each_document_once() {
+        let ids = |ids: &[&str]| ids.iter().map(|id| (*id).to_owned()).collect::<Vec<_>>();
+        let searches = [ids(&["o3", "do3"]), ids(&["p3", "o3"]), ids(&["c1"])];
+        assert_eq!(ranking(&searches, 10), ids(&["c1", "p3", "o3", "do3"]));
+        assert_eq!(ranking(&searches, 2), ids(&["c1", "p3"]));
+        assert!(ranking(&[], 10).is_empty());
     }
 }

@@ -2,6 +2,7 @@
 //! the observations back, until it submits a ranking or a budget ends it.
 //! History is never truncated; the outcome says what ended the episode.
 
+use sleuth_chat::observation::{SUBMITTED, ranking};
 use sleuth_kit::client::{MeshChannel, within};
 use sleuth_proto::agent::v1::{AgentConfig, RunEpisodeRequest};
 use sleuth_proto::common::v1::{ChatMessage, Episode, EpisodeOutcome, SamplingParams, SegmentKind, ToolSpec};
@@ -87,6 +88,8 @@ pub async fn run(clients: &Clients, request: &RunEpisodeRequest) -> Episode {
                 Err(why) => break 'episode End::new(EpisodeOutcome::ToolError, why),
             };
             let mut used_tokens = 0u32;
+            // Each search's hit ids, in order: what a submission without ids ranks.
+            let mut searches: Vec<Vec<String>> = Vec::new();
             loop {
                 if turns >= max_turns {
                     break End::new(EpisodeOutcome::TurnLimit, format!("no answer after max_turns {max_turns}"));
@@ -158,6 +161,7 @@ pub async fn run(clients: &Clients, request: &RunEpisodeRequest) -> Episode {
                     &reply,
                     budget.observation_char_cap,
                     &mut messages,
+                    &mut searches,
                 )
                 .instrument(tracing::info_span!("tool_calls", turn = turns))
                 .await
@@ -199,8 +203,9 @@ async fn offered_tools(clients: &Clients, collection: &str, config: &AgentConfig
     Ok(offered)
 }
 
-/// Runs the reply's tool calls in order, appending one tool message each.
-/// Returns how the episode ends when it does (an answer, or a dead gateway).
+/// Runs the reply's tool calls in order, appending one tool message each
+/// and each search's hit ids to `searches`. Returns how the episode ends
+/// when it does (an answer, or a dead gateway).
 async fn run_tools(
     clients: &Clients,
     episode_id: &str,
@@ -208,11 +213,16 @@ async fn run_tools(
     reply: &ChatMessage,
     cap: u32,
     messages: &mut Vec<ChatMessage>,
+    searches: &mut Vec<Vec<String>>,
 ) -> Option<End> {
     for call in &reply.tool_calls {
         if call.name == SUBMIT_TOOL {
             return Some(match parse_submission(&call.arguments_json) {
-                Ok(ranking) => End { outcome: EpisodeOutcome::Completed, detail: String::new(), ranking },
+                Ok(ids) => End {
+                    outcome: EpisodeOutcome::Completed,
+                    detail: String::new(),
+                    ranking: ids.unwrap_or_else(|| ranking(searches, SUBMITTED)),
+                },
                 // An unreadable answer is still the answer: it ranks nothing.
                 Err(why) => End::new(EpisodeOutcome::Completed, format!("unusable submission: {why}")),
             });
@@ -226,7 +236,13 @@ async fn run_tools(
         };
         let observation =
             match within(clients.tool_timeout, request, async |r| clients.tools.clone().call_tool(r).await).await {
-                Ok(response) => response.into_inner().observation,
+                Ok(response) => {
+                    let response = response.into_inner();
+                    if !response.hits.is_empty() {
+                        searches.push(response.hits.into_iter().map(|hit| hit.doc_id).collect());
+                    }
+                    response.observation
+                }
                 // The model's mistake (bad arguments, unknown tool or document): it sees the error and can recover.
                 Err(status) if matches!(status.code(), Code::InvalidArgument | Code::NotFound) => {
                     format!("Error: {}", status.message())

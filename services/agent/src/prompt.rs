@@ -11,7 +11,7 @@ pub const SUBMIT_TOOL: &str = "submit_ranking";
 pub const SYSTEM_PROMPT: &str = "You are a search agent. Find the documents that answer the user's question \
 in the document collection, using the search tools as many times as you need. Read promising documents \
 when their snippets are not enough. When you are done, call submit_ranking with the ids of the relevant \
-documents, most relevant first.";
+documents, most relevant first, or without ids to submit what your searches found, the latest search's first.";
 
 /// The answer tool: a ranked list of document ids.
 pub fn submit_tool() -> ToolSpec {
@@ -22,25 +22,38 @@ pub fn submit_tool() -> ToolSpec {
             .to_owned(),
         parameters_json: json!({
             "type": "object",
-            "properties": {"doc_ids": {"type": "array", "items": {"type": "string"}, "description": "document ids, best first"}},
-            "required": ["doc_ids"]
+            "properties": {"doc_ids": {
+                "type": "array",
+                "items": {"type": "string"},
+                "description": "document ids, best first; leave out to submit the documents your searches found, the latest search's first"
+            }},
+            "required": []
         })
         .to_string(),
     }
 }
 
-/// The ranking in a `submit_ranking` call's arguments, or why it is unusable.
-pub fn parse_submission(arguments_json: &str) -> Result<Vec<String>, String> {
+/// The ranking in a `submit_ranking` call's arguments (`None`: no `doc_ids`,
+/// submit what the searches found), or why it is unusable.
+///
+/// Submitting without ids spares a policy copying ids it was shown: a small
+/// one searches well long before it copies arbitrary ids exactly, and a
+/// wrong digit scores as a miss.
+pub fn parse_submission(arguments_json: &str) -> Result<Option<Vec<String>>, String> {
     let arguments: serde_json::Value =
         serde_json::from_str(arguments_json).map_err(|e| format!("arguments are not JSON: {e}"))?;
-    let ids = arguments.get("doc_ids").and_then(|v| v.as_array()).ok_or("arguments need \"doc_ids\": a list of ids")?;
+    let ids = match arguments.get("doc_ids") {
+        None | Some(serde_json::Value::Null) if arguments.is_object() => return Ok(None),
+        ids => ids.and_then(|v| v.as_array()).ok_or("\"doc_ids\" must be a list of ids (or left out)")?,
+    };
     ids.iter()
         .map(|id| match id {
             serde_json::Value::String(s) => Ok(s.clone()),
             serde_json::Value::Number(n) => Ok(n.to_string()),
             other => Err(format!("doc_ids entries must be strings, got {other}")),
         })
-        .collect()
+        .collect::<Result<_, _>>()
+        .map(Some)
 }
 
 #[cfg(test)]
@@ -49,8 +62,11 @@ mod tests {
 
     #[test]
     fn submissions_parse_and_bad_ones_say_why() {
-        assert_eq!(parse_submission(r#"{"doc_ids": ["d1", 42]}"#), Ok(vec!["d1".to_owned(), "42".to_owned()]));
-        assert!(parse_submission(r#"{"ids": []}"#).unwrap_err().contains("doc_ids"));
+        assert_eq!(parse_submission(r#"{"doc_ids": ["d1", 42]}"#), Ok(Some(vec!["d1".to_owned(), "42".to_owned()])));
+        assert_eq!(parse_submission(r#"{"doc_ids": []}"#), Ok(Some(Vec::new())));
+        assert_eq!(parse_submission("{}"), Ok(None), "no ids: what the searches found");
+        assert!(parse_submission(r#"{"doc_ids": "d1"}"#).unwrap_err().contains("doc_ids"));
+        assert!(parse_submission("[]").unwrap_err().contains("doc_ids"));
         assert!(parse_submission("nope").unwrap_err().contains("not JSON"));
     }
 }

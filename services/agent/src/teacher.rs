@@ -7,20 +7,17 @@
 //! `bm25_search` or `vector_search`, then `hops` times search the first name
 //! (a run of capitalised words) in the results that neither the question nor
 //! an earlier search holds (the bridge to the next document), then submit
-//! the hits, the last search's first. `mixture` picks one strategy per
+//! without ids: the agent ranks what the searches found, the last search's
+//! first. `mixture` picks one strategy per
 //! episode from the episode's seed, among those whose tool is offered, so
 //! SFT learns a mixture and RL has a choice to make.
 
 use serde_json::json;
-use sleuth_chat::observation::{ListedHit, first_new_name, parse_search_results, ranking};
+use sleuth_chat::observation::{ListedHit, SEARCH_HITS, first_new_name, parse_search_results};
 use sleuth_proto::common::v1::ToolSpec;
 
 use crate::prompt::SUBMIT_TOOL;
 
-/// Results asked of each search: enough to rank, few enough to fit an observation.
-const HITS: u64 = 5;
-/// Documents submitted at most.
-const SUBMITTED: usize = 10;
 /// The most bridges a strategy follows.
 const MAX_HOPS: u32 = 3;
 
@@ -96,20 +93,20 @@ pub struct Teacher {
     question: String,
     /// The queries searched so far.
     searched: Vec<String>,
-    /// Each search's hits, in order.
-    results: Vec<Vec<ListedHit>>,
+    /// The latest search's hits.
+    latest: Vec<ListedHit>,
 }
 
 impl Teacher {
     pub fn new(strategy: Strategy, question: &str) -> Self {
-        Self { strategy, question: question.to_owned(), searched: Vec::new(), results: Vec::new() }
+        Self { strategy, question: question.to_owned(), searched: Vec::new(), latest: Vec::new() }
     }
 
     /// The next reply, given the observation of the previous call (none on
     /// the first turn) and the turns left (the last one submits).
     pub fn reply(&mut self, observation: Option<&str>, turns_left: u32) -> String {
         if let Some(observation) = observation {
-            self.results.push(parse_search_results(observation));
+            self.latest = parse_search_results(observation);
         }
         if self.searched.is_empty() && turns_left > 1 {
             return self.search(self.question.clone());
@@ -122,7 +119,7 @@ impl Teacher {
     }
 
     fn search(&mut self, query: String) -> String {
-        let call = call(self.strategy.tool, &json!({"query": query, "k": HITS}));
+        let call = call(self.strategy.tool, &json!({"query": query, "k": SEARCH_HITS}));
         self.searched.push(query);
         call
     }
@@ -130,12 +127,14 @@ impl Teacher {
     /// The first name in the latest results that no earlier query holds.
     fn bridge(&self) -> Option<String> {
         let known: Vec<String> = std::iter::once(&self.question).chain(&self.searched).cloned().collect();
-        first_new_name(self.results.last()?, &known)
+        first_new_name(&self.latest, &known)
     }
 
-    /// The hits, the last search's first, each document once.
+    /// A submission without ids: what the searches found, the last search's
+    /// first (`sleuth_chat::observation::ranking`). The same ranking as
+    /// listing the ids, in fewer tokens and with no id to copy wrong.
     fn submit(&self) -> String {
-        call(SUBMIT_TOOL, &json!({"doc_ids": ranking(&self.results, SUBMITTED)}))
+        call(SUBMIT_TOOL, &json!({}))
     }
 }
 
@@ -178,7 +177,7 @@ mod tests {
     }
 
     #[test]
-    fn two_hops_follow_the_bridges_and_submit_the_last_search_first() {
+    fn two_hops_follow_the_bridges_then_submit() {
         let strategy = Strategy { tool: "bm25_search", hops: 2 };
         let mut teacher = Teacher::new(strategy, "Name the river near the residence of the founder of Klabou Atelier.");
         let first = teacher.reply(None, 5);
@@ -191,10 +190,7 @@ mod tests {
         assert!(third.contains(r#""query": "Foukur""#), "{third}");
         let town = "bm25_search results for \"Foukur\":\n[1] doc_id: c1 | Foukur\nFoukur lies beside the Toubal.\n";
         let last = teacher.reply(Some(town), 2);
-        assert_eq!(
-            last,
-            r#"<tool_call>[{"name": "submit_ranking", "arguments": {"doc_ids": ["c1", "p3", "o3", "do3"]}}]</tool_call>"#
-        );
+        assert_eq!(last, r#"<tool_call>[{"name": "submit_ranking", "arguments": {}}]</tool_call>"#);
     }
 
     #[test]
@@ -203,6 +199,6 @@ mod tests {
         teacher.reply(None, 2);
         let hits =
             "bm25_search results for \"why does it rain\":\n[1] doc_id: rain | Rainfall\nRain forms in Clouds Above.\n";
-        assert!(teacher.reply(Some(hits), 1).contains(r#"{"doc_ids": ["rain"]}"#));
+        assert!(teacher.reply(Some(hits), 1).contains(r#""name": "submit_ranking""#));
     }
 }

@@ -18,11 +18,12 @@
 //! thousands of steps (measured: 0 exact copies of held-out questions).
 //!
 //! The other half are conversations in the agent protocol's own text
-//! (`sleuth_chat`'s tool calls and search observations), three tasks:
+//! (`sleuth_chat`'s tool calls and search observations), two tasks:
 //! - ask: the user's message becomes a search query, verbatim;
 //! - bridge: after a search, the next search is the first name in the
-//!   results that no earlier query holds (the teacher's bridge rule);
-//! - submit: the ids of the hits, the latest search's first, are submitted.
+//!   results that no earlier query holds (the teacher's bridge rule), or a
+//!   submission (without ids: the agent ranks what the searches found)
+//!   when there is none.
 //!
 //! Which of them an episode needs, and when, is left to SFT and RL.
 
@@ -31,9 +32,7 @@ use std::time::Instant;
 
 use serde_json::{Value as Json, json};
 use sleuth_beir::Document;
-use sleuth_chat::observation::{
-    Hit, ListedHit, first_new_name, parse_search_results, ranking, search_results, shorten,
-};
+use sleuth_chat::observation::{Hit, SEARCH_HITS, first_new_name, parse_search_results, search_results, shorten};
 use sleuth_chat::tool_calls_text;
 
 use crate::Error;
@@ -42,10 +41,6 @@ use crate::reply::{ReplyRenderer, predict_reply, save_trained, sft_trainer};
 use crate::shard::AdamW;
 use crate::trainer::Trainer;
 
-/// Hits a search asks for (the teacher's).
-const HITS: usize = 5;
-/// Documents submitted at most (the teacher's).
-const SUBMITTED: usize = 10;
 /// Characters of a sentence used as a user message or query.
 const SENTENCE_CHARS: usize = 160;
 /// Words in a repeated string, and the most tokens of it kept.
@@ -78,17 +73,15 @@ pub struct CopyTraining {
 pub enum Task {
     Ask,
     Bridge,
-    Submit,
 }
 
 impl Task {
-    const ALL: [Task; 3] = [Task::Ask, Task::Bridge, Task::Submit];
+    const ALL: [Task; 2] = [Task::Ask, Task::Bridge];
 
     fn name(self) -> &'static str {
         match self {
             Task::Ask => "ask",
             Task::Bridge => "bridge",
-            Task::Submit => "submit",
         }
     }
 }
@@ -183,7 +176,7 @@ fn repeated(source: &Source, renderer: &ReplyRenderer, draw: &mut Draw) -> Resul
 }
 
 fn search(tool: &str, query: &str) -> String {
-    tool_calls_text(&[json!({"name": tool, "arguments": {"query": query, "k": HITS}})])
+    tool_calls_text(&[json!({"name": tool, "arguments": {"query": query, "k": SEARCH_HITS}})])
 }
 
 /// A conversation teaching `task` from `documents`, and its reply. A bridge
@@ -206,14 +199,13 @@ fn conversation(source: &Source, task: Task, draw: &mut Draw) -> (Vec<Json>, Str
         return (messages, search(tool, &question));
     }
     let mut queries = vec![question.clone()];
-    let mut observed: Vec<Vec<ListedHit>> = Vec::new();
     let mut bridge = None;
     for round in 0..1 + usize::from(draw.chance(35)) {
         let query = match (round, bridge.take()) {
             (0, _) | (_, None) => question.clone(),
             (_, Some(name)) => name,
         };
-        let hits: Vec<Hit> = (0..1 + draw.below(HITS))
+        let hits: Vec<Hit> = (0..1 + draw.below(SEARCH_HITS))
             .map(|_| {
                 let document = *draw.pick(documents);
                 Hit { id: &document.id, title: &document.title, text: &document.text }
@@ -222,18 +214,15 @@ fn conversation(source: &Source, task: Task, draw: &mut Draw) -> (Vec<Json>, Str
         let observation = search_results(tool, &query, &hits);
         let listed = parse_search_results(&observation);
         bridge = first_new_name(&listed, &queries);
-        observed.push(listed);
         messages.push(json!({"role": "assistant", "content": search(tool, &query)}));
         messages.push(json!({"role": "tool", "content": observation}));
         queries.push(query);
     }
-    match bridge.filter(|_| task == Task::Bridge) {
-        Some(name) => (messages, search(tool, &name)),
-        None => {
-            let submit = json!({"name": "submit_ranking", "arguments": {"doc_ids": ranking(&observed, SUBMITTED)}});
-            (messages, tool_calls_text(&[submit]))
-        }
-    }
+    let reply = match bridge {
+        Some(name) => search(tool, &name),
+        None => tool_calls_text(&[json!({"name": "submit_ranking", "arguments": {}})]),
+    };
+    (messages, reply)
 }
 
 /// Pre-trains the model in `model_dir` (an HF directory, tokenizer included)

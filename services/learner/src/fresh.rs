@@ -55,6 +55,7 @@ const PROTOCOL: &str = "You are a search agent. You can call the following tools
 <tool_call>[{\"name\": \"bm25_search\", \"arguments\": {\"query\": \"the question\", \"k\": 5}}]</tool_call>\n\
 <tool_call>[{\"name\": \"vector_search\", \"arguments\": {\"query\": \"the question\", \"k\": 5}}]</tool_call>\n\
 <tool_call>[{\"name\": \"submit_ranking\", \"arguments\": {\"doc_ids\": [\"d1\", \"d2\"]}}]</tool_call>\n\
+<tool_call>[{\"name\": \"submit_ranking\", \"arguments\": {}}]</tool_call>\n\
 bm25_search results for \"the question\":\n[1] doc_id: d1 | Title\nText.\n[2] doc_id: d2 | Title\nText.\n";
 
 /// What `learner init-policy` makes.
