@@ -58,6 +58,12 @@ const PROTOCOL: &str = "You are a search agent. You can call the following tools
 <tool_call>[{\"name\": \"submit_ranking\", \"arguments\": {}}]</tool_call>\n\
 bm25_search results for \"the question\":\n[1] doc_id: d1 | Title\nText.\n[2] doc_id: d2 | Title\nText.\n";
 
+/// Width of an attention head. Narrow heads and no key/value sharing: a
+/// copying circuit needs separate heads (one attends to the previous token,
+/// another to where the current token occurred before), and a 128-wide
+/// policy with 64-wide heads had two query heads sharing one key/value head.
+const HEAD_DIM: i64 = 32;
+
 /// What `learner init-policy` makes.
 #[derive(clap::Args, Debug)]
 pub struct FreshArgs {
@@ -72,7 +78,7 @@ pub struct FreshArgs {
     /// Tokens in the vocabulary, the byte alphabet and control tokens included.
     #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(300..))]
     pub vocab_size: u32,
-    /// Width of the model (a multiple of 64: one attention head per 64).
+    /// Width of the model (a multiple of 32: one attention head per 32).
     #[arg(long, default_value_t = 256)]
     pub hidden_size: i64,
     /// Transformer layers.
@@ -112,8 +118,8 @@ pub fn init_policy(args: &FreshArgs) -> Result<Fresh, Error> {
     if args.out.exists() {
         return Err(invalid(format!("{} exists; init-policy writes a new directory", args.out.display())));
     }
-    if args.hidden_size < 64 || args.hidden_size % 64 != 0 {
-        return Err(invalid(format!("--hidden-size {} must be a positive multiple of 64", args.hidden_size)));
+    if args.hidden_size < HEAD_DIM || args.hidden_size % HEAD_DIM != 0 {
+        return Err(invalid(format!("--hidden-size {} must be a positive multiple of {HEAD_DIM}", args.hidden_size)));
     }
     if args.layers < 1 {
         return Err(invalid(format!("--layers {} must be at least 1", args.layers)));
@@ -126,12 +132,12 @@ pub fn init_policy(args: &FreshArgs) -> Result<Fresh, Error> {
     let scratch = tempfile::tempdir().map_err(|e| Error::Train(e.to_string()))?;
     write_tokenizer_files(&tokenizer, scratch.path())?;
     let id = |token: &str| tokenizer.token_to_id(token);
-    let heads = args.hidden_size / 64;
+    let heads = args.hidden_size / HEAD_DIM;
     let shape = TinyShape {
         hidden_size: args.hidden_size,
         layers: args.layers,
         heads,
-        kv_heads: (heads + 1) / 2,
+        kv_heads: heads,
         intermediate_size: 3 * args.hidden_size,
     };
     let config = llama_config(shape, tokenizer.get_vocab_size(true), [id(IM_START), id(IM_END), id(IM_END)]);
