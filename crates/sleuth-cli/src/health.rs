@@ -34,6 +34,10 @@ pub struct HealthArgs {
     /// Bearer token, for meshes with authentication on (health itself needs none).
     #[arg(long, env = "SLEUTH_AUTH_TOKEN", hide_env_values = true)]
     auth_token: Option<BearerToken>,
+    /// A service not to check, by name (repeatable): e.g. `learner` on a
+    /// mesh whose learner starts with its run.
+    #[arg(long, value_parser = ["rollout-orchestrator", "agent", "tool-gateway", "inference-gateway", "policy-server", "learner"])]
+    skip: Vec<String>,
 }
 
 /// One row of the table.
@@ -60,6 +64,7 @@ pub async fn run(args: HealthArgs) -> anyhow::Result<bool> {
         ("policy-server", &args.policy_server, policy::v1::policy_server_server::SERVICE_NAME),
         ("learner", &args.learner, learner::v1::learner_server::SERVICE_NAME),
     ];
+    let targets: Vec<_> = targets.into_iter().filter(|(service, ..)| !args.skip.iter().any(|s| s == service)).collect();
     let deadline = args.wait.map(|wait| Instant::now() + wait);
     loop {
         let checks = futures::future::join_all(

@@ -2,6 +2,7 @@
 
 mod ask;
 mod chart;
+mod compare;
 mod data;
 mod health;
 mod model;
@@ -31,6 +32,8 @@ enum Command {
     Run(runs::RunArgs),
     /// Evaluate the policy or a retrieval baseline on a task split.
     Eval(runs::EvalArgs),
+    /// Finished evaluations side by side, with paired bootstrap intervals against one of them.
+    Compare(compare::CompareArgs),
     /// Work with model files: import a GGUF, provision an HF directory from a path or S3.
     Model(model::ModelArgs),
     /// Make collections: a seeded synthetic multi-hop BEIR collection.
@@ -46,6 +49,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Ask(args) => ask::run(args).await.map(|()| 0)?,
         Command::Run(args) => runs::run(args).await?,
         Command::Eval(args) => runs::eval(args).await?,
+        Command::Compare(args) => compare::run(args).await.map(|()| 0)?,
         Command::Model(args) => model::run(args).await.map(|()| 0)?,
         Command::Data(args) => data::run(args).map(|()| 0)?,
     };

@@ -102,9 +102,18 @@ pub struct EvalArgs {
     /// Episodes per task (pass@k uses k = this).
     #[arg(long, default_value_t = 1)]
     samples: u32,
+    /// With `--contender policy`: a scripted teacher replies instead of the
+    /// policy (`bm25:<hops>`, `vector:<hops>` or `mixture`), to score it.
+    #[arg(long, default_value = "")]
+    teacher: String,
+    /// With `--contender policy`: the agent settings (budget, prompt, tools)
+    /// of this run's spec, greedy, as its validations use them; default:
+    /// the agent's defaults.
+    #[arg(long)]
+    agent_from: Option<String>,
 }
 
-async fn client(endpoint: &Endpoint) -> anyhow::Result<RolloutOrchestratorClient<MeshChannel>> {
+pub(crate) async fn client(endpoint: &Endpoint) -> anyhow::Result<RolloutOrchestratorClient<MeshChannel>> {
     connected(endpoint, endpoint.auth_token.clone()).await
 }
 
@@ -251,7 +260,28 @@ pub async fn run(args: RunArgs) -> anyhow::Result<i32> {
 
 /// `sleuth eval`: starts an evaluation job and follows it; returns the exit code.
 pub async fn eval(args: EvalArgs) -> anyhow::Result<i32> {
+    if (!args.teacher.is_empty() || args.agent_from.is_some()) && args.contender != "policy" {
+        eprintln!("--teacher and --agent-from set up the agents: they need --contender policy");
+        return Ok(INVALID);
+    }
     let mut client = client(&args.endpoint).await?;
+    let mut agent = match &args.agent_from {
+        Some(run_id) => {
+            let run = client
+                .get_run(pb::GetRunRequest { run_id: run_id.clone() })
+                .await
+                .map_err(|s| anyhow::anyhow!("--agent-from {run_id:?}: {}", s.message()))?
+                .into_inner();
+            let mut agent = run.spec.and_then(|spec| spec.agent).unwrap_or_default();
+            agent.sampling = Some(sleuth_proto::common::v1::SamplingParams {
+                temperature: Some(0.0),
+                ..agent.sampling.unwrap_or_default()
+            });
+            agent
+        }
+        None => Default::default(),
+    };
+    agent.teacher = args.teacher.clone();
     let model_uri = if args.contender == "policy" { String::new() } else { format!("baseline:{}", args.contender) };
     let request = pb::EvaluateRequest {
         policy: Some(pb::PolicySpec { model_uri, ..Default::default() }),
@@ -262,6 +292,7 @@ pub async fn eval(args: EvalArgs) -> anyhow::Result<i32> {
             limit: args.limit,
         }),
         samples_per_task: args.samples,
+        agent: Some(agent),
         ..Default::default()
     };
     let started = match client.evaluate(request).await {

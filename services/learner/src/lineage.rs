@@ -8,6 +8,7 @@
 //! validation that still has a complete checkpoint (validation chooses, never
 //! training reward), else its newest checkpoint. The user copies nothing.
 
+use sleuth_kit::BearerToken;
 use sleuth_proto::rollout::v1::{Run, RunStatus};
 use sleuth_store::{ObjectStore, S3Args};
 
@@ -61,4 +62,31 @@ pub async fn source_export(source: &Run, store: &ObjectStore) -> Result<String, 
     let export = format!("{}/{}/hf", store.uri(), checkpoint::step_dir(version));
     tracing::info!(run = %name, version, %export, by_validation = !ranked.is_empty(), "starting from another run's policy");
     Ok(export)
+}
+
+/// `learner best-policy RUN`: where the policy a run ended with is, as a
+/// run naming it in `policy.from_run` would start from it (its best
+/// validated version with a checkpoint): to evaluate or serve it.
+#[derive(clap::Args, Debug)]
+pub struct BestPolicyArgs {
+    /// The ended run.
+    pub run_id: String,
+    /// The rollout orchestrator that owns the run (host:port).
+    #[arg(long, env = "SLEUTH_ORCHESTRATOR")]
+    pub orchestrator: String,
+    /// Where the learners write checkpoints: a directory or s3://bucket/prefix.
+    #[arg(long, env = "SLEUTH_CHECKPOINT_URI")]
+    pub checkpoint_uri: String,
+    #[command(flatten)]
+    pub s3: S3Args,
+    /// The mesh's bearer token, when it has one.
+    #[arg(long, env = "SLEUTH_AUTH_TOKEN", hide_env_values = true)]
+    pub auth_token: Option<BearerToken>,
+}
+
+/// The HF export [`BestPolicyArgs`] names (a directory or an s3:// prefix).
+pub async fn best_policy(args: &BestPolicyArgs) -> Result<String, Error> {
+    let run = crate::run_spec::fetch_run(&args.orchestrator, args.auth_token.as_ref(), &args.run_id).await?;
+    let store = run_store(&args.checkpoint_uri, &run.run_id, &args.s3).await?;
+    source_export(&run, &store).await
 }

@@ -7,7 +7,8 @@ use clap::Parser;
 #[command(
     name = "learner",
     version,
-    after_help = "Other commands:\n  learner init-policy --help   make a fresh policy for a collection"
+    after_help = "Other commands:\n  learner init-policy --help   make a fresh policy for a collection\n  \
+                  learner best-policy --help   where an ended run's best validated policy is"
 )]
 struct Serve {
     #[command(flatten)]
@@ -25,22 +26,30 @@ enum Command {
     /// Make a fresh policy for a collection: a BPE tokenizer trained on its
     /// text, a random Llama, and optionally copy pre-training.
     InitPolicy(learner::fresh::FreshArgs),
+    /// Print where an ended run's policy is: its best validated version
+    /// with a checkpoint (what `policy.from_run` starts from).
+    BestPolicy(learner::lineage::BestPolicyArgs),
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    if std::env::args_os().nth(1).is_some_and(|first| first == "init-policy") {
-        let Command::InitPolicy(args) = Command::parse();
-        let fresh = learner::fresh::init_policy(&args)?;
-        println!(
-            "wrote {}: {} parameters, a vocabulary of {} tokens trained on {}",
-            fresh.dir.display(),
-            fresh.parameters,
-            fresh.vocab_size,
-            args.collection.display()
-        );
-        if let Some(copying) = fresh.copying {
-            println!("copy pre-training: {copying}");
+    let first = std::env::args_os().nth(1);
+    if first.is_some_and(|first| first == "init-policy" || first == "best-policy") {
+        match Command::parse() {
+            Command::InitPolicy(args) => {
+                let fresh = learner::fresh::init_policy(&args)?;
+                println!(
+                    "wrote {}: {} parameters, a vocabulary of {} tokens trained on {}",
+                    fresh.dir.display(),
+                    fresh.parameters,
+                    fresh.vocab_size,
+                    args.collection.display()
+                );
+                if let Some(copying) = fresh.copying {
+                    println!("copy pre-training: {copying}");
+                }
+            }
+            Command::BestPolicy(args) => println!("{}", learner::lineage::best_policy(&args).await?),
         }
         return Ok(());
     }

@@ -8,7 +8,7 @@
 //! Each job writes `<report_dir>/<id>.run` (TREC run file of each task's
 //! first sample) and `<report_dir>/<id>.json` (the metrics).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
@@ -75,6 +75,13 @@ struct Scored {
     first_ranking: Vec<(String, f64)>,
 }
 
+impl Scored {
+    /// The task's nDCG@10: the mean over its samples.
+    fn mean_ndcg(&self) -> f64 {
+        self.ndcg.iter().sum::<f64>() / self.ndcg.len().max(1) as f64
+    }
+}
+
 #[derive(Clone)]
 pub struct Evaluator {
     pub tools: Option<ToolGatewayClient<MeshChannel>>,
@@ -115,8 +122,9 @@ impl Evaluator {
             let mut jobs = evaluator.jobs.lock().expect("jobs");
             if let Some(job) = jobs.get_mut(&id) {
                 match result {
-                    Ok(metrics) => {
+                    Ok((metrics, per_task)) => {
                         job.metrics = metrics;
+                        job.per_task_ndcg = per_task;
                         job.status = RunStatus::Succeeded as i32;
                     }
                     Err(error) => {
@@ -131,6 +139,7 @@ impl Evaluator {
     }
 
     /// Evaluates `contender` on `tasks`; writes the report files under `id`.
+    /// Returns the metrics and each task's nDCG@10.
     pub(crate) async fn run(
         &self,
         id: &str,
@@ -138,7 +147,7 @@ impl Evaluator {
         tasks: Vec<Task>,
         request: &EvaluateRequest,
         reward: &NdcgReward,
-    ) -> Result<std::collections::HashMap<String, f64>, String> {
+    ) -> Result<(HashMap<String, f64>, HashMap<String, f64>), String> {
         let samples = request.samples_per_task.max(1);
         let scored: Vec<Result<Scored, String>> = futures::stream::iter(tasks)
             .map(|task| {
@@ -161,7 +170,7 @@ impl Evaluator {
         let metrics = summarise(&scored, samples as usize);
         self.write_reports(id, contender, request, &scored, &metrics)
             .map_err(|e| format!("writing the report to {}: {e}", self.report_dir.display()))?;
-        Ok(metrics.into_iter().collect())
+        Ok((metrics.into_iter().collect(), scored.iter().map(|s| (s.task_id.clone(), s.mean_ndcg())).collect()))
     }
 
     async fn baseline(&self, task: &Task, method: SearchMethod) -> Result<Scored, String> {
@@ -256,10 +265,7 @@ impl Evaluator {
             scored.iter().map(|s| (s.task_id.clone(), s.first_ranking.clone())).collect();
         let mut run = std::io::BufWriter::new(std::fs::File::create(self.report_dir.join(format!("{id}.run")))?);
         sleuth_metrics::run::write_run(&mut run, &rankings, id)?;
-        let per_task: BTreeMap<&str, f64> = scored
-            .iter()
-            .map(|s| (s.task_id.as_str(), s.ndcg.iter().sum::<f64>() / s.ndcg.len().max(1) as f64))
-            .collect();
+        let per_task: BTreeMap<&str, f64> = scored.iter().map(|s| (s.task_id.as_str(), s.mean_ndcg())).collect();
         let set = request.tasks.clone().unwrap_or_default();
         let report = serde_json::json!({
             "evaluation_id": id,

@@ -124,7 +124,7 @@ impl Validator {
     async fn validate(&self, version: u64) -> Result<(), String> {
         let id = format!("{}-validation-v{version}", self.run_id);
         tracing::info!(run = %self.run_id, version, tasks = self.tasks.len(), "validating");
-        let metrics =
+        let (metrics, _) =
             self.evaluator.run(&id, Contender::Policy, self.tasks.clone(), &self.request, &self.reward).await?;
         tracing::info!(run = %self.run_id, version, ndcg = metrics.get("ndcg@10").copied().unwrap_or_default(), "validated");
         let validation = Validation { version, metrics, evaluation_id: id };
