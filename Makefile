@@ -1,6 +1,8 @@
 # Sleuth developer entry points. Every target installs what it needs first.
 #
-#   make demo   start the whole mesh locally, show it healthy, stop it
+#   make demo   train a search agent on a generated collection and show it got better
+#   make train SOURCE=DIR COLLECTION=NAME   the same recipe on any BEIR collection
+#   make tour   start the whole mesh locally, show it healthy, stop it
 #   make test   build and run every test (real Redis, PostgreSQL, S3, libtorch)
 #   make lint   rustfmt check + clippy with warnings as errors
 #
@@ -23,7 +25,7 @@ export PATH := $(VENV)/bin:$(SLEUTH_CACHE)/bin:$(PATH)
 TORCH_LIB = $(shell ls -d $(VENV)/lib/python3*/site-packages/torch/lib 2>/dev/null | head -n 1)
 export RUSTFLAGS = -C link-arg=-Wl,-rpath,$(TORCH_LIB)
 
-.PHONY: setup build test-fixtures test lint demo bench gpu-check proto env clean-cache
+.PHONY: setup build test-fixtures test lint demo train tour bench gpu-check proto env clean-cache
 
 setup:
 	@deploy/local/setup.sh
@@ -50,6 +52,14 @@ lint: setup
 
 demo: build
 	@deploy/local/demo.sh
+
+# ARGS: more train.sh options, e.g. ARGS="--policy models/qwen3 --vectors".
+train: build
+	@test -n "$(SOURCE)" -a -n "$(COLLECTION)" || { echo "usage: make train SOURCE=DIR COLLECTION=NAME [ARGS=...]" >&2; exit 2; }
+	@deploy/local/train.sh --source "$(SOURCE)" --collection "$(COLLECTION)" $(ARGS)
+
+tour: build
+	@deploy/local/tour.sh
 
 # The CUDA paths (tch on CUDA, bf16 on GPU, learner ranks with CUDA tensors)
 # on a machine with an NVIDIA GPU; exits non-zero where there is none.

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The demo: Sleuth makes a search agent better. Writes the seeded synthetic
+# multi-hop collection (`sleuth data synth`: questions whose answer shares
+# no word with them, found only through a bridge named in another
+# document), then runs the whole recipe on it with train.sh: a fresh tiny
+# policy, teacher SFT, GRPO through the real services, and the test split's
+# table (BM25 on the question, the teacher, the base, SFT, GRPO).
+#
+# Run through `make demo`, which builds first and sets CARGO_TARGET_DIR.
+#   SLEUTH_DEMO_BASE_PORT  first of the nine consecutive ports used (default 50051)
+#   SLEUTH_DEMO_WORK       where everything goes (default: a new temporary directory)
+set -euo pipefail
+
+bin="${CARGO_TARGET_DIR:?run through make demo}/debug"
+work="${SLEUTH_DEMO_WORK:-$(mktemp -d -t sleuth-demo-XXXXXX)}"
+mkdir -p "$work"
+"$bin/sleuth" data synth "$work/synth" --seed 1 --companies 200
+exec "$(dirname "$0")/train.sh" --source "$work/synth" --collection synth --work "$work" "$@"

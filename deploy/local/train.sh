@@ -1,0 +1,188 @@
+#!/usr/bin/env bash
+# Trains a search agent for a BEIR collection with the whole recipe on a
+# local mesh, and shows whether it got better:
+#
+#   1. index the collection (BM25; --vectors adds vector search);
+#   2. the base policy: --policy DIR, or a fresh tiny one made for the
+#      collection (`learner init-policy` with copy pre-training);
+#   3. start the mesh (Redis, orchestrator, agent worker, tool gateway,
+#      inference gateway, policy server) with the base;
+#   4. trajectory SFT: a run whose episodes a scripted teacher plays
+#      (`agent.teacher: mixture`), trained on those rewarded at least
+#      `sft_min_reward`, validated every few steps;
+#   5. GRPO from the SFT run's best validated checkpoint (`policy.from_run`),
+#      the policy's own episodes, validated every few steps;
+#   6. evaluate on the test split: BM25 and (with vectors) hybrid search on
+#      the question, the teacher, the base, SFT and GRPO (each run's best
+#      version by validation, never by training reward), and print one table
+#      with nDCG@10 and its paired 95 % bootstrap interval against SFT.
+#
+# Usage (through make, which builds first and sets CARGO_TARGET_DIR):
+#   make train SOURCE=DIR COLLECTION=NAME [ARGS="--policy DIR --vectors ..."]
+#   deploy/local/train.sh --source DIR --collection NAME [options]
+# Options:
+#   --policy DIR        start from this HF model directory (default: a fresh tiny policy)
+#   --work DIR          where everything goes (default: a new temporary directory)
+#   --vectors           index for vector search too (embeds every document: minutes)
+#   --copy-steps N      copy pre-training steps of the fresh policy (default 800)
+#   --train-limit N     train questions used (default 0: all)
+#   --eval-limit N      validation and test questions used (default 0: all)
+#   --sft-epochs N      passes over the train questions with the teacher (default 2)
+#   --grpo-epochs N     passes over the train questions with the policy (default 1)
+# The collection needs qrels/train.tsv and qrels/test.tsv; without
+# qrels/validation.tsv one train question in seven is held out to validate.
+#   SLEUTH_DEMO_BASE_PORT  first of the nine consecutive ports used (default 50051)
+set -euo pipefail
+
+mesh_name=train
+source "$(dirname "$0")/mesh.sh"
+
+source="" collection="" policy="" work="" vectors=0
+copy_steps=800 train_limit=0 eval_limit=0 sft_epochs=2 grpo_epochs=1
+usage() { sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+while (($#)); do
+  case "$1" in
+    --source) source="$2"; shift 2 ;;
+    --collection) collection="$2"; shift 2 ;;
+    --policy) policy="$2"; shift 2 ;;
+    --work) work="$2"; shift 2 ;;
+    --vectors) vectors=1; shift ;;
+    --copy-steps) copy_steps="$2"; shift 2 ;;
+    --train-limit) train_limit="$2"; shift 2 ;;
+    --eval-limit) eval_limit="$2"; shift 2 ;;
+    --sft-epochs) sft_epochs="$2"; shift 2 ;;
+    --grpo-epochs) grpo_epochs="$2"; shift 2 ;;
+    -h|--help) usage ;;
+    *) echo "unknown option $1" >&2; usage ;;
+  esac
+done
+[[ -n "$source" && -n "$collection" ]] || { echo "--source and --collection are required" >&2; usage; }
+for split in train test; do
+  [[ -f "$source/qrels/$split.tsv" ]] || { echo "--source $source has no qrels/$split.tsv" >&2; exit 2; }
+done
+source="$(realpath "$source")"
+work="$(realpath -m "${work:-$(mktemp -d -t sleuth-train-XXXXXX)}")"
+mkdir -p "$work"
+started=$(date +%s)
+elapsed() { local s=$(( $(date +%s) - started )); printf '%d:%02d' $((s / 60)) $((s % 60)); }
+say "working in $work (logs, checkpoints, evaluations)"
+
+# The task sets: the collection's own validation split, or one train
+# question in seven held out (never trained on) to choose checkpoints by.
+if [[ -f "$source/qrels/validation.tsv" ]]; then
+  tasks="$source"
+else
+  tasks="$work/tasks"
+  mkdir -p "$tasks/qrels"
+  ln -sf "$source/corpus.jsonl" "$tasks/corpus.jsonl"
+  ln -sf "$source/queries.jsonl" "$tasks/queries.jsonl"
+  cp "$source/qrels/test.tsv" "$tasks/qrels/test.tsv"
+  awk -F'\t' -v out="$tasks/qrels" 'NR == 1 { print > (out "/train.tsv"); print > (out "/validation.tsv"); next }
+    !($1 in seen) { seen[$1] = n++ }
+    { print > (out "/" (seen[$1] % 7 == 3 ? "validation" : "train") ".tsv") }' "$source/qrels/train.tsv"
+  say "no validation split: held out $(tail -n +2 "$tasks/qrels/validation.tsv" | cut -f1 | sort -u | wc -l) train questions to validate on"
+fi
+
+say "[$(elapsed)] indexing $source as $collection"
+index_flags=()
+((vectors)) && index_flags+=(--vectors)
+"$bin/tool-gateway" index --source "$source" --out "$work/index" --name "$collection" "${index_flags[@]}"
+
+if [[ -z "$policy" ]]; then
+  policy="$work/base"
+  say "[$(elapsed)] making a fresh tiny policy for $collection ($copy_steps steps of copy pre-training)"
+  "$bin/learner" init-policy --collection "$tasks" "$policy" --vocab-size 2048 --hidden-size 128 --layers 2 \
+    --copy-steps "$copy_steps" --copy-batch 32 --copy-lr 3e-3
+fi
+policy="$(realpath "$policy")"
+
+mesh_init "$work"
+export SLEUTH_MODEL="$policy" SLEUTH_COLLECTIONS="$collection=$work/index" SLEUTH_ORCHESTRATOR="$orchestrator"
+for name in rollout-orchestrator agent tool-gateway inference-gateway policy-server; do
+  mesh_start "$name"
+done
+mesh_health
+
+# Evaluates on the test split (extra flags: what to evaluate); remembers the
+# evaluation as LABEL for the table.
+rows=()
+evaluate() {
+  local label="$1"
+  shift
+  say "[$(elapsed)] evaluating $label on the test split"
+  "$bin/sleuth" eval --source "$tasks" --collection "$collection" --split test --limit "$eval_limit" "$@" \
+    | tee "$work/eval-$label.txt"
+  rows+=("$label=$(grep -o 'evaluation eval-[0-9a-f]*' "$work/eval-$label.txt" | cut -d' ' -f2)")
+}
+
+# Serves the model in DIR: the policy server restarts on it (a fresh
+# version 0), so an evaluation scores exactly that model.
+serve() {
+  mesh_stop policy-server
+  SLEUTH_MODEL="$1" mesh_start policy-server
+  mesh_health >/dev/null
+}
+
+# Writes the spec of run $1 with its own lines $2 (YAML).
+spec() {
+  cat >"$work/$1.yaml" <<SPEC
+name: $1
+train: {source_uri: $tasks, collection: $collection, split: train, limit: $train_limit}
+validation: {source_uri: $tasks, collection: $collection, split: validation, limit: $eval_limit}
+group_size: 4
+global_batch_size: 8
+rollout_max_concurrency: 16
+max_staleness: 1
+$2
+SPEC
+}
+
+# Trains run $1: its learner starts first and waits for the run, then the
+# run is created and followed to its end.
+train() {
+  say "[$(elapsed)] run $1: $(head -c -1 <<<"$2" | tr '\n' ' ')"
+  SLEUTH_RUN_ID="$1" mesh_start learner
+  "$bin/sleuth" run create -f "$work/$1.yaml" --id "$1" --watch
+  wait "${mesh_pid[learner]}" || { say "the learner of run $1 failed (see $work/learner.log)"; exit 1; }
+  unset 'mesh_pid[learner]'
+  "$bin/sleuth" run report "$1" --png "$work/$1.png"
+}
+
+spec sft "max_epochs: $sft_epochs
+agent:
+  budget: {max_turns: 5, max_new_tokens_per_turn: 96, max_episode_tokens: 6144, observation_char_cap: 2000}
+  sampling: {seed: 1}
+  teacher: mixture
+training: {learning_rate: 2.0e-3, checkpoint_every: 10, eval_every: 10, sft_min_reward: 0.3}"
+train sft "$(tail -n 6 "$work/sft.yaml")"
+
+# Every policy row runs with the SFT run's agent settings, greedy.
+evaluate bm25 --contender bm25
+((vectors)) && evaluate hybrid --contender hybrid
+evaluate teacher --teacher mixture --agent-from sft
+serve "$policy"
+evaluate base --agent-from sft
+sft="$("$bin/learner" best-policy sft)"
+serve "$sft"
+evaluate sft --agent-from sft
+
+spec grpo "max_epochs: $grpo_epochs
+policy: {from_run: sft}
+agent:
+  budget: {max_turns: 5, max_new_tokens_per_turn: 96, max_episode_tokens: 6144, observation_char_cap: 2000}
+  sampling: {temperature: 1.0, seed: 2}
+training: {advantage: grpo, loss: ppo, learning_rate: 5.0e-4, checkpoint_every: 5, eval_every: 5}"
+train grpo "$(tail -n 5 "$work/grpo.yaml")"
+grpo="$("$bin/learner" best-policy grpo)"
+serve "$grpo"
+evaluate grpo --agent-from sft
+
+say "[$(elapsed)] test split of $collection: each row against SFT, paired by question"
+"$bin/sleuth" compare --against sft "${rows[@]}" | tee "$work/table.txt"
+say "learning curves: $work/sft.png, $work/grpo.png; the table: $work/table.txt"
+say "SFT policy: $sft"
+say "GRPO policy: $grpo"
+for name in rollout-orchestrator agent tool-gateway inference-gateway policy-server; do
+  mesh_stop "$name" >/dev/null
+done
+say "done in $(elapsed)"
