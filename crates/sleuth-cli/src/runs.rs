@@ -273,8 +273,11 @@ pub async fn eval(args: EvalArgs) -> anyhow::Result<i32> {
                 .map_err(|s| anyhow::anyhow!("--agent-from {run_id:?}: {}", s.message()))?
                 .into_inner();
             let mut agent = run.spec.and_then(|spec| spec.agent).unwrap_or_default();
+            // Greedy needs no seed; without one a mixture teacher draws its
+            // strategy per episode, not one for every task.
             agent.sampling = Some(sleuth_proto::common::v1::SamplingParams {
                 temperature: Some(0.0),
+                seed: None,
                 ..agent.sampling.unwrap_or_default()
             });
             agent
