@@ -15,6 +15,15 @@ pub use template::ChatTemplate;
 pub use tool_calls::{ParsedReply, parse_reply};
 pub use tool_format::tool_calls_text;
 
+/// The built-in system prompt of the search agent: what a policy is shown
+/// before the question, in its episodes and in copy pre-training alike. A
+/// team adapting the agent to its domain overrides it per run
+/// (`agent.system_prompt`).
+pub const SYSTEM_PROMPT: &str = "You are a search agent. Find the documents that answer the user's question \
+in the document collection, using the search tools as many times as you need. Read promising documents \
+when their snippets are not enough. When you are done, call submit_ranking with the ids of the relevant \
+documents, most relevant first, or without ids to submit what your searches found, the latest search's first.";
+
 #[derive(Debug, thiserror::Error)]
 pub enum ChatError {
     #[error("{path}: {message}")]

@@ -7,11 +7,9 @@ use sleuth_proto::common::v1::ToolSpec;
 /// The tool the agent answers with.
 pub const SUBMIT_TOOL: &str = "submit_ranking";
 
-/// The built-in system prompt of the search agent.
-pub const SYSTEM_PROMPT: &str = "You are a search agent. Find the documents that answer the user's question \
-in the document collection, using the search tools as many times as you need. Read promising documents \
-when their snippets are not enough. When you are done, call submit_ranking with the ids of the relevant \
-documents, most relevant first, or without ids to submit what your searches found, the latest search's first.";
+/// The built-in system prompt of the search agent (in `sleuth_chat`, so a
+/// fresh policy's copy pre-training shows the same context).
+pub use sleuth_chat::SYSTEM_PROMPT;
 
 /// The answer tool: a ranked list of document ids.
 pub fn submit_tool() -> ToolSpec {

@@ -19,13 +19,16 @@
 //!
 //! The other half are conversations in the agent protocol's own text
 //! (`sleuth_chat`'s tool calls and search observations), two tasks:
-//! - ask: the user's message becomes a search query, verbatim;
+//! - ask: the user's message (a training question, a document sentence
+//!   or random words) becomes a search query, verbatim;
 //! - bridge: after a search, the next search is the first name in the
 //!   results that no earlier query holds (the teacher's bridge rule), or a
 //!   submission (without ids: the agent ranks what the searches found)
 //!   when there is none.
 //!
-//! Which of them an episode needs, and when, is left to SFT and RL.
+//! Conversations open with the agent's system prompt (`sleuth_chat`), the
+//! context the policy copies in during its episodes. Which task an episode
+//! needs, and when, is left to SFT and RL.
 
 use std::path::Path;
 use std::time::Instant;
@@ -140,16 +143,18 @@ impl Draw {
 /// What conversations are drawn from.
 struct Source<'a> {
     documents: Vec<&'a Document>,
+    /// Training questions (may be none).
+    questions: Vec<&'a str>,
     /// The documents' distinct words.
     words: Vec<&'a str>,
 }
 
 impl<'a> Source<'a> {
-    fn new(documents: Vec<&'a Document>) -> Self {
+    fn new(documents: Vec<&'a Document>, questions: Vec<&'a str>) -> Self {
         let mut words: Vec<&str> = documents.iter().flat_map(|d| d.text.split_whitespace()).collect();
         words.sort_unstable();
         words.dedup();
-        Self { documents, words }
+        Self { documents, questions, words }
     }
 }
 
@@ -184,17 +189,25 @@ fn search(tool: &str, query: &str) -> String {
 fn conversation(source: &Source, task: Task, draw: &mut Draw) -> (Vec<Json>, String) {
     let documents = &source.documents;
     let tool = *draw.pick(&["bm25_search", "vector_search"]);
-    // Half the questions are strings of words drawn uniformly from the
-    // collection's vocabulary: no n-gram statistics predict them, so the
-    // only way to lower their loss is to copy. Long ones give many copied
-    // tokens per conversation.
-    let question = if draw.chance(50) {
-        (0..2 + draw.below(RANDOM_WORDS - 1)).map(|_| *draw.pick(&source.words)).collect::<Vec<_>>().join(" ")
-    } else {
-        let document = *draw.pick(documents);
-        sentence(document, draw)
+    // A third of the messages are training questions, the text the policy
+    // will be asked (the first search copies one; SFT alone learnt to write
+    // a remembered name there instead). The rest are strings of words drawn
+    // uniformly from the collection's vocabulary, which no n-gram statistics
+    // predict, so only copying lowers their loss (long ones copy many tokens
+    // per conversation), and document sentences.
+    let question = match draw.below(3) {
+        0 if !source.questions.is_empty() => (*draw.pick(&source.questions)).to_owned(),
+        1 => (0..2 + draw.below(RANDOM_WORDS - 1)).map(|_| *draw.pick(&source.words)).collect::<Vec<_>>().join(" "),
+        _ => {
+            let document = documents[draw.below(documents.len())];
+            sentence(document, draw)
+        }
     };
-    let mut messages = vec![json!({"role": "user", "content": question})];
+    // The agent's own system prompt: the context the policy will copy in.
+    let mut messages = vec![
+        json!({"role": "system", "content": sleuth_chat::SYSTEM_PROMPT}),
+        json!({"role": "user", "content": question}),
+    ];
     if task == Task::Ask {
         return (messages, search(tool, &question));
     }
@@ -231,12 +244,18 @@ fn conversation(source: &Source, task: Task, draw: &mut Draw) -> (Vec<Json>, Str
 pub fn copy_pretrain(
     model_dir: &Path,
     documents: &[Document],
+    questions: &[String],
     spec: &CopyTraining,
     out: &Path,
 ) -> Result<CopyReport, Error> {
-    let held_out = |document: &Document| sleuth_kit::seed::derive(spec.seed, &document.id).is_multiple_of(10);
-    let trained = Source::new(documents.iter().filter(|d| !held_out(d)).collect());
-    let scored = Source::new(documents.iter().filter(|d| held_out(d)).collect());
+    let held_out = |key: &str| sleuth_kit::seed::derive(spec.seed, key).is_multiple_of(10);
+    let split = |held: bool| {
+        Source::new(
+            documents.iter().filter(|d| held_out(&d.id) == held).collect(),
+            questions.iter().map(String::as_str).filter(|q| held_out(q) == held).collect(),
+        )
+    };
+    let (trained, scored) = (split(false), split(true));
     if trained.documents.len() < 2 || scored.documents.len() < 2 {
         return Err(Error::InvalidArgument(format!(
             "copy pre-training needs a collection of at least a few dozen documents, not {}",

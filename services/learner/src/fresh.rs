@@ -127,7 +127,7 @@ pub fn init_policy(args: &FreshArgs) -> Result<Fresh, Error> {
     if !(args.copy_lr > 0.0 && args.copy_lr.is_finite()) {
         return Err(invalid(format!("--copy-lr {} must be a positive number", args.copy_lr)));
     }
-    let (documents, texts) = collection_text(&args.collection, &args.split)?;
+    let (documents, questions, texts) = collection_text(&args.collection, &args.split)?;
     let tokenizer = train_tokenizer(&texts, args.vocab_size as usize)?;
     let scratch = tempfile::tempdir().map_err(|e| Error::Train(e.to_string()))?;
     write_tokenizer_files(&tokenizer, scratch.path())?;
@@ -154,19 +154,22 @@ pub fn init_policy(args: &FreshArgs) -> Result<Fresh, Error> {
             seed: args.seed as u64,
             report_every: 25,
         };
-        Some(copy_pretrain(&random, &documents, &spec, &args.out)?)
+        Some(copy_pretrain(&random, &documents, &questions, &spec, &args.out)?)
     };
     let parameters = parameter_count(&args.out)?;
     Ok(Fresh { dir: args.out.clone(), vocab_size: tokenizer.get_vocab_size(true), parameters, copying })
 }
 
-/// The documents, and the text the tokenizer learns from: the documents
-/// (title and text), the questions of `split` and the agent protocol's text.
-fn collection_text(collection: &Path, split: &str) -> Result<(Vec<Document>, Vec<String>), Error> {
+/// The documents, the questions of `split`, and the text the tokenizer
+/// learns from: the documents (title and text), those questions, the agent's
+/// system prompt and the protocol's text.
+type CollectionText = (Vec<Document>, Vec<String>, Vec<String>);
+
+fn collection_text(collection: &Path, split: &str) -> Result<CollectionText, Error> {
     let beir = BeirDir::new(collection);
     let failed =
         |e: sleuth_beir::BeirError| Error::InvalidArgument(format!("--collection {}: {e}", collection.display()));
-    let mut texts = vec![PROTOCOL.to_owned()];
+    let mut texts = vec![PROTOCOL.to_owned(), sleuth_chat::SYSTEM_PROMPT.to_owned()];
     let mut documents = Vec::new();
     for document in beir.corpus(BadLines::Fail).map_err(failed)? {
         let document = document.map_err(failed)?;
@@ -174,12 +177,15 @@ fn collection_text(collection: &Path, split: &str) -> Result<(Vec<Document>, Vec
         documents.push(document);
     }
     let asked: HashSet<String> = beir.qrels(split).map_err(failed)?.into_keys().collect();
-    for query in beir.queries(BadLines::Fail).map_err(failed)? {
-        if asked.contains(&query.id) {
-            texts.push(query.text);
-        }
-    }
-    Ok((documents, texts))
+    let questions: Vec<String> = beir
+        .queries(BadLines::Fail)
+        .map_err(failed)?
+        .into_iter()
+        .filter(|q| asked.contains(&q.id))
+        .map(|q| q.text)
+        .collect();
+    texts.extend(questions.iter().cloned());
+    Ok((documents, questions, texts))
 }
 
 /// A byte-level BPE of `vocab_size` tokens over `texts`: lossless on any
