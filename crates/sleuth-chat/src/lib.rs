@@ -22,7 +22,7 @@ pub use tool_format::tool_calls_text;
 pub const SYSTEM_PROMPT: &str = "You are a search agent. Find the documents that answer the user's question \
 in the document collection, using the search tools as many times as you need. Read promising documents \
 when their snippets are not enough. When you are done, call submit_ranking with the ids of the relevant \
-documents, most relevant first, or without ids to submit what your searches found, the latest search's first.";
+documents, most relevant first.";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ChatError {

@@ -18,14 +18,13 @@ pub fn submit_tool() -> ToolSpec {
         description: "Submit your final answer: the ids of the documents that answer the question, most relevant first. \
                       This ends the search."
             .to_owned(),
+        // `doc_ids` may be left out (see `parse_submission`); the schema and
+        // the prompt do not say so yet: the test policies imprinted on this
+        // prompt and schema stop searching when either changes.
         parameters_json: json!({
             "type": "object",
-            "properties": {"doc_ids": {
-                "type": "array",
-                "items": {"type": "string"},
-                "description": "document ids, best first; leave out to submit the documents your searches found, the latest search's first"
-            }},
-            "required": []
+            "properties": {"doc_ids": {"type": "array", "items": {"type": "string"}, "description": "document ids, best first"}},
+            "required": ["doc_ids"]
         })
         .to_string(),
     }
