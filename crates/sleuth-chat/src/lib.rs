@@ -10,6 +10,7 @@ pub mod observation;
 pub mod template;
 pub mod tool_calls;
 pub mod tool_format;
+pub mod tools;
 
 pub use template::ChatTemplate;
 pub use tool_calls::{ParsedReply, parse_reply};

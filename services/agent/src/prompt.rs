@@ -1,32 +1,24 @@
 //! Everything the model is told, in one place, so a team can adapt the agent
 //! to its own domain: the system prompt, the answer tool and its format.
 
-use serde_json::json;
+use sleuth_chat::tools::ToolSchema;
 use sleuth_proto::common::v1::ToolSpec;
 
 /// The tool the agent answers with.
-pub const SUBMIT_TOOL: &str = "submit_ranking";
+pub use sleuth_chat::tools::SUBMIT_RANKING as SUBMIT_TOOL;
 
 /// The built-in system prompt of the search agent (in `sleuth_chat`, so a
 /// fresh policy's copy pre-training shows the same context).
 pub use sleuth_chat::SYSTEM_PROMPT;
 
-/// The answer tool: a ranked list of document ids.
+/// The answer tool: a ranked list of document ids (which may be left out,
+/// see [`parse_submission`]).
 pub fn submit_tool() -> ToolSpec {
+    let schema = ToolSchema::named(SUBMIT_TOOL).expect("the answer tool has a schema");
     ToolSpec {
-        name: SUBMIT_TOOL.to_owned(),
-        description: "Submit your final answer: the ids of the documents that answer the question, most relevant first. \
-                      This ends the search."
-            .to_owned(),
-        // `doc_ids` may be left out (see `parse_submission`); the schema and
-        // the prompt do not say so yet: the test policies imprinted on this
-        // prompt and schema stop searching when either changes.
-        parameters_json: json!({
-            "type": "object",
-            "properties": {"doc_ids": {"type": "array", "items": {"type": "string"}, "description": "document ids, best first"}},
-            "required": ["doc_ids"]
-        })
-        .to_string(),
+        name: schema.name.to_owned(),
+        description: schema.description.to_owned(),
+        parameters_json: schema.parameters.to_string(),
     }
 }
 

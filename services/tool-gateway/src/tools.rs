@@ -14,70 +14,36 @@ use crate::collection::{Collection, Hit};
 use crate::error::Error;
 use crate::index::StoredDocument;
 
-pub const BM25_SEARCH: &str = "bm25_search";
-pub const VECTOR_SEARCH: &str = "vector_search";
-pub const HYBRID_SEARCH: &str = "hybrid_search";
-pub const READ_DOCUMENT: &str = "read_document";
+use sleuth_chat::tools::ToolSchema;
+pub use sleuth_chat::tools::{BM25_SEARCH, HYBRID_SEARCH, MAX_TOOL_K, READ_DOCUMENT, VECTOR_SEARCH};
 
-/// Hits a tool call may ask for.
-pub const MAX_TOOL_K: u64 = 50;
 const DEFAULT_TOOL_K: u64 = 10;
 /// Queries longer than this are cut (not rejected): models sometimes paste whole documents.
 pub const MAX_QUERY_CHARS: usize = 1000;
 
-fn search_parameters() -> String {
-    json!({
-        "type": "object",
-        "properties": {
-            "query": {"type": "string", "description": "What to search for."},
-            "k": {"type": "integer", "minimum": 1, "maximum": MAX_TOOL_K, "description": "Number of results (default 10)."}
-        },
-        "required": ["query"],
-        "additionalProperties": false
-    })
-    .to_string()
-}
-
 /// The tools a collection offers: vector search only where it has
 /// embeddings, hybrid search only where it has them and `hybrid` is on.
 pub fn specs(collection: &Collection, hybrid: bool) -> Vec<ToolSpec> {
-    let mut specs = vec![ToolSpec {
-        name: BM25_SEARCH.to_owned(),
-        description: "Keyword search (BM25) over the document collection. Best for exact terms, names, \
-                          identifiers and rare words. Returns document ids, titles and snippets."
-            .to_owned(),
-        parameters_json: search_parameters(),
-    }];
-    if collection.methods().contains(&crate::collection::Method::Vector) {
-        specs.push(ToolSpec {
-            name: VECTOR_SEARCH.to_owned(),
-            description: "Semantic search (sentence embeddings) over the document collection. Best for concepts, \
-                          paraphrases and questions in natural language. Returns document ids, titles and snippets."
-                .to_owned(),
-            parameters_json: search_parameters(),
-        });
+    let vectors = collection.methods().contains(&crate::collection::Method::Vector);
+    let mut names = vec![BM25_SEARCH];
+    if vectors {
+        names.push(VECTOR_SEARCH);
         if hybrid {
-            specs.push(ToolSpec {
-                name: HYBRID_SEARCH.to_owned(),
-                description: "Keyword and semantic search combined (reciprocal rank fusion). A good default when \
-                              unsure which kind of search fits. Returns document ids, titles and snippets."
-                    .to_owned(),
-                parameters_json: search_parameters(),
-            });
+            names.push(HYBRID_SEARCH);
         }
     }
-    specs.push(ToolSpec {
-        name: READ_DOCUMENT.to_owned(),
-        description: "Read the full text of one document by its id.".to_owned(),
-        parameters_json: json!({
-            "type": "object",
-            "properties": {"doc_id": {"type": "string", "description": "Document id from a search result."}},
-            "required": ["doc_id"],
-            "additionalProperties": false
+    names.push(READ_DOCUMENT);
+    names
+        .into_iter()
+        .map(|name| {
+            let schema = ToolSchema::named(name).expect("the gateway's tools have schemas");
+            ToolSpec {
+                name: schema.name.to_owned(),
+                description: schema.description.to_owned(),
+                parameters_json: schema.parameters.to_string(),
+            }
         })
-        .to_string(),
-    });
-    specs
+        .collect()
 }
 
 /// The specs as an OpenAI `tools` array.
