@@ -39,6 +39,11 @@ fn synth(dir: &std::path::Path) -> Result<(std::path::PathBuf, Vec<Task>)> {
 }
 
 async fn taught(mesh: &Mesh, task: &Task, teacher: &str, episode: &str) -> Result<Episode> {
+    opened(mesh, task, teacher, "", episode).await
+}
+
+/// An episode of `teacher` that the agent opens by searching the question with `opening_search`.
+async fn opened(mesh: &Mesh, task: &Task, teacher: &str, opening_search: &str, episode: &str) -> Result<Episode> {
     let request = RunEpisodeRequest {
         run_id: "teach".into(),
         episode_id: episode.into(),
@@ -52,6 +57,7 @@ async fn taught(mesh: &Mesh, task: &Task, teacher: &str, episode: &str) -> Resul
                 observation_char_cap: 4000,
             }),
             teacher: teacher.into(),
+            opening_search: opening_search.into(),
             ..Default::default()
         }),
     };
@@ -86,6 +92,21 @@ async fn a_teacher_follows_bridges_to_the_answer_and_is_traced_as_the_policy() -
     let once = taught(&mesh, river, "bm25:0", "teach-once").await?;
     assert_eq!(once.turns, 2);
     assert!(!once.ranking.contains(&answer), "{:?}", once.ranking);
+
+    // Opened by the agent's search of the question, the teacher's turns are
+    // the two bridges and the submission; the opening is prompt, not policy.
+    let mut opened_river = opened(&mesh, river, "bm25:2", "bm25_search", "teach-opened").await?;
+    assert_eq!(opened_river.turns, 3, "{:?}", opened_river.messages);
+    let opening = &opened_river.messages[2];
+    assert_eq!((opening.role.as_str(), opening.tool_calls[0].name.as_str()), ("assistant", "bm25_search"));
+    assert!(opening.tool_calls[0].arguments_json.contains(&river.question), "{:?}", opening.tool_calls);
+    assert_eq!(opened_river.ranking, episode.ranking, "the same searches, the same ranking");
+    let trace = opened_river.trace.take().context("trace")?;
+    assert_eq!(trace.segments.iter().filter(|s| s.kind == SegmentKind::Policy as i32).count(), 3);
+    assert_eq!(trace.drift_events, 0);
+    let absent = opened(&mesh, river, "bm25:2", "vector_search", "teach-no-vectors").await?;
+    assert_eq!(absent.outcome, EpisodeOutcome::ToolError as i32);
+    assert!(absent.outcome_detail.contains("opening_search \"vector_search\""), "{}", absent.outcome_detail);
 
     // A mixture completes every question type.
     for task in tasks.iter().take(4) {

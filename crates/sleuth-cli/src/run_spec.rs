@@ -95,6 +95,9 @@ struct Agent {
     /// A scripted teacher instead of the policy (SFT data): bm25:<hops>, vector:<hops>, mixture.
     #[serde(default)]
     teacher: String,
+    /// A search tool the agent runs on the question before the first turn.
+    #[serde(default)]
+    opening_search: String,
 }
 
 #[derive(Debug, Deserialize)]
@@ -177,6 +180,7 @@ pub fn parse(text: &str) -> Result<pb::RunSpec, String> {
         tools: a.tools,
         system_prompt: a.system_prompt,
         teacher: a.teacher,
+        opening_search: a.opening_search,
     });
     Ok(pb::RunSpec {
         name: spec.name,

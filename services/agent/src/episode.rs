@@ -2,10 +2,11 @@
 //! the observations back, until it submits a ranking or a budget ends it.
 //! History is never truncated; the outcome says what ended the episode.
 
-use sleuth_chat::observation::{SUBMITTED, ranking};
+use sleuth_chat::observation::{SEARCH_HITS, SUBMITTED, ranking};
+use sleuth_chat::tools::SEARCH_TOOLS;
 use sleuth_kit::client::{MeshChannel, within};
 use sleuth_proto::agent::v1::{AgentConfig, RunEpisodeRequest};
-use sleuth_proto::common::v1::{ChatMessage, Episode, EpisodeOutcome, SamplingParams, SegmentKind, ToolSpec};
+use sleuth_proto::common::v1::{ChatMessage, Episode, EpisodeOutcome, SamplingParams, SegmentKind, ToolCall, ToolSpec};
 use sleuth_proto::inference::v1 as inference;
 use sleuth_proto::inference::v1::inference_gateway_client::InferenceGatewayClient;
 use sleuth_proto::tools::v1 as tools;
@@ -59,9 +60,26 @@ pub fn validate(request: &RunEpisodeRequest) -> Result<(), String> {
     }
     crate::teacher::TeacherSpec::parse(&request.config.as_ref().map(|c| c.teacher.clone()).unwrap_or_default())
         .map_err(|e| format!("config.{e}"))?;
+    check_opening_search(&request.config.clone().unwrap_or_default()).map_err(|e| format!("config.{e}"))?;
     let budget = request.config.as_ref().and_then(|c| c.budget).unwrap_or_default();
     if budget.max_turns > 256 {
         return Err(format!("config.budget.max_turns must be at most 256, got {}", budget.max_turns));
+    }
+    Ok(())
+}
+
+/// Checks `opening_search` (an error names it as `opening_search`): empty, or
+/// a search tool that `tools` (when it names any) offers.
+pub fn check_opening_search(config: &AgentConfig) -> Result<(), String> {
+    let tool = config.opening_search.as_str();
+    if tool.is_empty() {
+        return Ok(());
+    }
+    if !SEARCH_TOOLS.contains(&tool) {
+        return Err(format!("opening_search {tool:?} is not a search tool ({})", SEARCH_TOOLS.join(", ")));
+    }
+    if !config.tools.is_empty() && !config.tools.iter().any(|t| t == tool) {
+        return Err(format!("opening_search {tool:?} is not among the offered tools {:?}", config.tools));
     }
     Ok(())
 }
@@ -90,6 +108,14 @@ pub async fn run(clients: &Clients, request: &RunEpisodeRequest) -> Episode {
             let mut used_tokens = 0u32;
             // Each search's hit ids, in order: what a submission without ids ranks.
             let mut searches: Vec<Vec<String>> = Vec::new();
+            if !config.opening_search.is_empty() {
+                let cap = budget.observation_char_cap;
+                let opened =
+                    open(clients, request, &config.opening_search, &tool_specs, cap, &mut messages, &mut searches);
+                if let Some(end) = opened.await {
+                    break 'episode end;
+                }
+            }
             loop {
                 if turns >= max_turns {
                     break End::new(EpisodeOutcome::TurnLimit, format!("no answer after max_turns {max_turns}"));
@@ -174,6 +200,36 @@ pub async fn run(clients: &Clients, request: &RunEpisodeRequest) -> Episode {
     finish(clients, request, task.task_id, messages, turns, end).await
 }
 
+/// Runs `tool` on the question as if the model had called it: an assistant
+/// message with the call, then its results. The model's first turn starts
+/// from them, so a small policy never has to copy the question, and its
+/// choices are the ones that matter: follow a bridge, or submit.
+async fn open(
+    clients: &Clients,
+    request: &RunEpisodeRequest,
+    tool: &str,
+    offered: &[ToolSpec],
+    cap: u32,
+    messages: &mut Vec<ChatMessage>,
+    searches: &mut Vec<Vec<String>>,
+) -> Option<End> {
+    if !offered.iter().any(|t| t.name == tool) {
+        let why = format!("config.opening_search {tool:?} is not among the tools offered to this episode");
+        return Some(End::new(EpisodeOutcome::ToolError, why));
+    }
+    let task = request.task.as_ref()?;
+    let call = ToolCall {
+        id: "opening".into(),
+        name: tool.to_owned(),
+        arguments_json: serde_json::json!({"query": task.question, "k": SEARCH_HITS}).to_string(),
+    };
+    let opening = ChatMessage { role: "assistant".into(), tool_calls: vec![call], ..Default::default() };
+    messages.push(opening.clone());
+    run_tools(clients, &request.episode_id, &task.collection, &opening, cap, messages, searches)
+        .instrument(tracing::info_span!("opening_search"))
+        .await
+}
+
 /// The scripted teacher replying in this episode, if the config names one;
 /// a mixture draws its strategy from the sampling seed (or the episode id).
 fn teacher_for(
@@ -184,7 +240,8 @@ fn teacher_for(
 ) -> Result<Option<crate::teacher::Teacher>, String> {
     let Some(spec) = crate::teacher::TeacherSpec::parse(&config.teacher)? else { return Ok(None) };
     let seed = config.sampling.as_ref().and_then(|s| s.seed).unwrap_or_else(|| sleuth_kit::seed::derive(0, episode_id));
-    Ok(Some(crate::teacher::Teacher::new(spec.choose(seed, offered)?, question)))
+    let opened = !config.opening_search.is_empty();
+    Ok(Some(crate::teacher::Teacher::new(spec.choose(seed, offered)?, question, opened)))
 }
 
 /// The collection's tools (those `config.tools` names, or all) and the answer tool.

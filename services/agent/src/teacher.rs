@@ -98,8 +98,12 @@ pub struct Teacher {
 }
 
 impl Teacher {
-    pub fn new(strategy: Strategy, question: &str) -> Self {
-        Self { strategy, question: question.to_owned(), searched: Vec::new(), latest: Vec::new() }
+    /// A teacher for `question`; `opened`: the agent searched the question
+    /// before the first turn (`opening_search`), so the teacher starts from
+    /// its results.
+    pub fn new(strategy: Strategy, question: &str, opened: bool) -> Self {
+        let searched = if opened { vec![question.to_owned()] } else { Vec::new() };
+        Self { strategy, question: question.to_owned(), searched, latest: Vec::new() }
     }
 
     /// The next reply, given the observation of the previous call (none on
@@ -179,7 +183,8 @@ mod tests {
     #[test]
     fn two_hops_follow_the_bridges_then_submit() {
         let strategy = Strategy { tool: "bm25_search", hops: 2 };
-        let mut teacher = Teacher::new(strategy, "Name the river near the residence of the founder of Klabou Atelier.");
+        let mut teacher =
+            Teacher::new(strategy, "Name the river near the residence of the founder of Klabou Atelier.", false);
         let first = teacher.reply(None, 5);
         assert!(first.contains(r#""name": "bm25_search""#) && first.contains("Klabou Atelier"), "{first}");
         let company = "bm25_search results for \"...\":\n[1] doc_id: o3 | Klabou Atelier\nKlabou Atelier was started by Ada Varnok in 1903.\n[2] doc_id: do3 | Klabou Atelier\nKlabou Atelier sponsored the regatta held in Razak during 1950.\n";
@@ -194,8 +199,21 @@ mod tests {
     }
 
     #[test]
+    fn after_an_opening_search_the_teacher_bridges_from_its_results() {
+        let question = "Name the river near the residence of the founder of Klabou Atelier.";
+        let mut teacher = Teacher::new(Strategy { tool: "bm25_search", hops: 1 }, question, true);
+        let company = "bm25_search results for \"...\":\n[1] doc_id: o3 | Klabou Atelier\nKlabou Atelier was started by Ada Varnok in 1903.\n";
+        assert!(teacher.reply(Some(company), 4).contains(r#""query": "Ada Varnok""#));
+        let person =
+            "bm25_search results for \"Ada Varnok\":\n[1] doc_id: p3 | Ada Varnok\nAda Varnok lives in Foukur.\n";
+        assert!(teacher.reply(Some(person), 3).contains(r#""name": "submit_ranking""#), "one hop only");
+        let mut at_once = Teacher::new(Strategy { tool: "bm25_search", hops: 0 }, question, true);
+        assert!(at_once.reply(Some(company), 4).contains(r#""name": "submit_ranking""#));
+    }
+
+    #[test]
     fn the_last_turn_submits_whatever_was_found() {
-        let mut teacher = Teacher::new(Strategy { tool: "bm25_search", hops: 2 }, "why does it rain");
+        let mut teacher = Teacher::new(Strategy { tool: "bm25_search", hops: 2 }, "why does it rain", false);
         teacher.reply(None, 2);
         let hits =
             "bm25_search results for \"why does it rain\":\n[1] doc_id: rain | Rainfall\nRain forms in Clouds Above.\n";

@@ -75,7 +75,10 @@ pub fn validate(spec: &pb::RunSpec) -> Result<(), String> {
     }
     let train = spec.train.as_ref().ok_or("spec.train is required")?;
     let teacher = match &spec.agent {
-        Some(agent) => agent::teacher::TeacherSpec::parse(&agent.teacher).map_err(|e| format!("spec.agent.{e}"))?,
+        Some(agent) => {
+            agent::episode::check_opening_search(agent).map_err(|e| format!("spec.agent.{e}"))?;
+            agent::teacher::TeacherSpec::parse(&agent.teacher).map_err(|e| format!("spec.agent.{e}"))?
+        }
         None => None,
     };
     if teacher.is_none() && spec.training.as_ref().is_some_and(|t| t.sft_min_reward != 0.0) {
@@ -124,6 +127,18 @@ mod tests {
         };
         let error = validate(&with_teacher("oracle")).unwrap_err();
         assert!(error.contains("spec.agent.teacher \"oracle\""), "{error}");
+        let opening = |tool: &str, tools: &[&str]| pb::RunSpec {
+            agent: Some(sleuth_proto::agent::v1::AgentConfig {
+                opening_search: tool.into(),
+                tools: tools.iter().map(|t| (*t).to_owned()).collect(),
+                ..Default::default()
+            }),
+            ..with_teacher("")
+        };
+        let error = validate(&opening("read_document", &[])).unwrap_err();
+        assert!(error.contains("spec.agent.opening_search \"read_document\" is not a search tool"), "{error}");
+        let error = validate(&opening("vector_search", &["bm25_search"])).unwrap_err();
+        assert!(error.contains("spec.agent.opening_search \"vector_search\" is not among"), "{error}");
     }
 
     #[test]
