@@ -86,16 +86,7 @@ fn table(rows: &[Row], against: &str) -> anyhow::Result<String> {
             paired_interval(row.evaluation.per_task_ndcg.iter().map(|(t, s)| (t.as_str(), *s)), &reference, SEED)
                 .map_or_else(
                     || "no task in common".to_owned(),
-                    |(i, _)| {
-                        let verdict = if i.above_zero() {
-                            " better"
-                        } else if i.high < 0.0 {
-                            " worse"
-                        } else {
-                            ""
-                        };
-                        format!("{}{verdict}", shown(i, true))
-                    },
+                    |(i, _)| format!("{}{}", shown(i, true), i.verdict(" better", " worse")),
                 )
         };
         let metric = |name: &str| row.evaluation.metrics.get(name).copied().unwrap_or_default();

@@ -23,6 +23,23 @@ impl Interval {
     pub fn above_zero(&self) -> bool {
         self.low > 0.0
     }
+
+    /// Whether the whole interval lies below zero.
+    pub fn below_zero(&self) -> bool {
+        self.high < 0.0
+    }
+
+    /// `above` when the interval lies above zero, `below` when below, else
+    /// "": a paired difference's verdict, in the words of its report.
+    pub fn verdict<'a>(&self, above: &'a str, below: &'a str) -> &'a str {
+        if self.above_zero() {
+            above
+        } else if self.below_zero() {
+            below
+        } else {
+            ""
+        }
+    }
 }
 
 /// splitmix64: a tiny, well-mixed generator; enough to pick resample indices.

@@ -89,13 +89,7 @@ pub async fn list(
                 match paired {
                     Some((i, tasks)) => format!(
                         "<span class={}>{:+.3} [{:+.3}, {:+.3}]</span> on {tasks}",
-                        if i.above_zero() {
-                            "good"
-                        } else if i.high < 0.0 {
-                            "bad"
-                        } else {
-                            ""
-                        },
+                        i.verdict("good", "bad"),
                         i.mean,
                         i.low,
                         i.high
