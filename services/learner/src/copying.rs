@@ -26,8 +26,10 @@
 //!   submission (without ids: the agent ranks what the searches found)
 //!   when there is none.
 //!
-//! Conversations open with the agent's system prompt (`sleuth_chat`), the
-//! context the policy copies in during its episodes. Which task an episode
+//! Conversations open with the agent's system prompt (`sleuth_chat`) and the
+//! schemas of the tools the agent will offer (`--tools`): the context the
+//! policy copies in during its episodes. A bridge's first search is the
+//! question's, as the agent's `opening_search` shows it. Which task an episode
 //! needs, and when, is left to SFT and RL.
 
 use std::path::Path;
@@ -37,6 +39,7 @@ use serde_json::{Value as Json, json};
 use sleuth_beir::Document;
 use sleuth_chat::observation::{Hit, SEARCH_HITS, first_new_name, parse_search_results, search_results, shorten};
 use sleuth_chat::tool_calls_text;
+use sleuth_chat::tools::{READ_DOCUMENT, SEARCH_TOOLS, SUBMIT_RANKING, ToolSchema};
 
 use crate::Error;
 use crate::batch::Sample;
@@ -57,7 +60,7 @@ const MICRO_BATCH: usize = 8;
 const SCORED: usize = 16;
 
 /// How long and how hard to pre-train.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct CopyTraining {
     /// Optimizer steps; 0 skips copy pre-training.
     pub steps: usize,
@@ -69,6 +72,10 @@ pub struct CopyTraining {
     pub seed: u64,
     /// Steps between progress reports (each scores held-out conversations).
     pub report_every: usize,
+    /// The tools the agent will offer (`agent.tools`): their schemas open
+    /// every prompt, as in the agent's episodes, and the searches use the
+    /// search tools among them.
+    pub tools: Vec<String>,
 }
 
 /// One of the skills taught.
@@ -80,6 +87,10 @@ pub enum Task {
 
 impl Task {
     const ALL: [Task; 2] = [Task::Ask, Task::Bridge];
+    /// The conversations of a step, in turn: bridges twice as often, the
+    /// harder skill (find the name, then copy it from a long observation)
+    /// and the only one an episode opened by the agent's search needs.
+    const MIX: [Task; 3] = [Task::Ask, Task::Bridge, Task::Bridge];
 
     fn name(self) -> &'static str {
         match self {
@@ -147,14 +158,54 @@ struct Source<'a> {
     questions: Vec<&'a str>,
     /// The documents' distinct words.
     words: Vec<&'a str>,
+    /// The offered tools, as the chat template renders them.
+    tools: &'a Offered,
 }
 
 impl<'a> Source<'a> {
-    fn new(documents: Vec<&'a Document>, questions: Vec<&'a str>) -> Self {
+    fn new(documents: Vec<&'a Document>, questions: Vec<&'a str>, tools: &'a Offered) -> Self {
         let mut words: Vec<&str> = documents.iter().flat_map(|d| d.text.split_whitespace()).collect();
         words.sort_unstable();
         words.dedup();
-        Self { documents, questions, words }
+        Self { documents, questions, words, tools }
+    }
+}
+
+/// The tools of the agent's episodes, in the order it offers them.
+struct Offered {
+    /// The search tools among them.
+    searches: Vec<&'static str>,
+    /// Every schema (the answer tool last), as OpenAI `tools` entries.
+    schemas: Vec<Json>,
+}
+
+impl Offered {
+    /// `names` in the tool gateway's order, then the answer tool; an error
+    /// names a tool that is not the agent's, or a list without a search.
+    fn new(names: &[String]) -> Result<Self, Error> {
+        if let Some(unknown) = names.iter().find(|n| ToolSchema::named(n).is_none() || *n == SUBMIT_RANKING) {
+            return Err(Error::InvalidArgument(format!(
+                "--tools names {unknown:?}, not one of {}, {READ_DOCUMENT}",
+                SEARCH_TOOLS.join(", ")
+            )));
+        }
+        let offered = |name: &&str| names.iter().any(|n| n == name);
+        let searches: Vec<&'static str> = SEARCH_TOOLS.into_iter().filter(offered).collect();
+        if searches.is_empty() {
+            return Err(Error::InvalidArgument(format!(
+                "--tools must name a search tool ({})",
+                SEARCH_TOOLS.join(", ")
+            )));
+        }
+        let schemas = SEARCH_TOOLS
+            .into_iter()
+            .chain([READ_DOCUMENT])
+            .filter(offered)
+            .chain([SUBMIT_RANKING])
+            .filter_map(ToolSchema::named)
+            .map(|schema| schema.function())
+            .collect();
+        Ok(Self { searches, schemas })
     }
 }
 
@@ -188,7 +239,7 @@ fn search(tool: &str, query: &str) -> String {
 /// with no name to follow is taught as a submission.
 fn conversation(source: &Source, task: Task, draw: &mut Draw) -> (Vec<Json>, String) {
     let documents = &source.documents;
-    let tool = *draw.pick(&["bm25_search", "vector_search"]);
+    let tool = *draw.pick(&source.tools.searches);
     // A third of the messages are training questions, the text the policy
     // will be asked (the first search copies one; SFT alone learnt to write
     // a remembered name there instead). The rest are strings of words drawn
@@ -233,7 +284,7 @@ fn conversation(source: &Source, task: Task, draw: &mut Draw) -> (Vec<Json>, Str
     }
     let reply = match bridge {
         Some(name) => search(tool, &name),
-        None => tool_calls_text(&[json!({"name": "submit_ranking", "arguments": {}})]),
+        None => tool_calls_text(&[json!({"name": SUBMIT_RANKING, "arguments": {}})]),
     };
     (messages, reply)
 }
@@ -249,10 +300,12 @@ pub fn copy_pretrain(
     out: &Path,
 ) -> Result<CopyReport, Error> {
     let held_out = |key: &str| sleuth_kit::seed::derive(spec.seed, key).is_multiple_of(10);
+    let tools = Offered::new(&spec.tools)?;
     let split = |held: bool| {
         Source::new(
             documents.iter().filter(|d| held_out(&d.id) == held).collect(),
             questions.iter().map(String::as_str).filter(|q| held_out(q) == held).collect(),
+            &tools,
         )
     };
     let (trained, scored) = (split(false), split(true));
@@ -288,9 +341,9 @@ pub fn copy_pretrain(
                 if i % 2 == 0 {
                     return repeated(&trained, &renderer, &mut draw);
                 }
-                let task = Task::ALL[(step * spec.batch + i) / 2 % Task::ALL.len()];
+                let task = Task::MIX[(step * spec.batch + i) / 2 % Task::MIX.len()];
                 let (messages, reply) = conversation(&trained, task, &mut draw);
-                renderer.sample(&messages, &[], &reply).map(|made| made.sample)
+                renderer.sample(&messages, &tools.schemas, &reply).map(|made| made.sample)
             })
             .collect::<Result<Vec<_>, _>>()?;
         // Micro-batches of like lengths pad little (conversations run from
@@ -330,7 +383,7 @@ fn score(
         let mut right = 0;
         for _ in 0..SCORED {
             let (messages, reply) = conversation(source, task, &mut draw);
-            let made = renderer.sample(&messages, &[], &reply)?;
+            let made = renderer.sample(&messages, &source.tools.schemas, &reply)?;
             let (predicted, reply_logprob) = predict_reply(&trainer.model, &made.prompt, &made.reply)?;
             right += usize::from(predicted == made.reply);
             logprob += reply_logprob;

@@ -40,13 +40,23 @@ const END_OF_TEXT: &str = "<|endoftext|>";
 const IM_START: &str = "<|im_start|>";
 const IM_END: &str = "<|im_end|>";
 
-/// ChatML. The tool schemas and calls are written by `sleuth-chat` into the
-/// system prompt and the assistant's content, as for every template that
-/// knows no tools.
+/// ChatML, with the offered tools named in the system prompt
+/// (`Tools: bm25_search, submit_ranking.`). A template that reads `tools`
+/// renders them itself, so their JSON schemas (hundreds of tokens, which
+/// `sleuth-chat` writes for templates that know no tools) stay out of every
+/// prompt: a policy this small learns its tools' use in copy pre-training
+/// and SFT, not from schemas, and a long fixed prefix made copying from the
+/// conversation measurably worse (docs/learner.md). Tool calls are written
+/// into the assistant's content by `sleuth-chat`.
 const CHAT_TEMPLATE: &str = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}\
-{{ '<|im_start|>system\nYou are a search agent.<|im_end|>\n' }}{% endif %}\
-{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}{% endfor %}\
+{{ '<|im_start|>system\nYou are a search agent.' }}{{ TOOLS }}{{ '<|im_end|>\n' }}{% endif %}\
+{{ '<|im_start|>' + message['role'] + '\n' + message['content'] }}{% if loop.first and message['role'] == 'system' %}{{ TOOLS }}{% endif %}\
+{{ '<|im_end|>' + '\n' }}{% endfor %}\
 {% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+/// The tools line of [`CHAT_TEMPLATE`], spliced in where it says `{{ TOOLS }}`.
+const TOOLS_LINE: &str = "{% if tools %}{{ '\nTools: ' }}{% for tool in tools %}{% if not loop.first %}{{ ', ' }}{% endif %}\
+{% if tool.function is defined %}{{ tool.function.name }}{% else %}{{ tool.name }}{% endif %}{% endfor %}{{ '.' }}{% endif %}";
 
 /// Text the policy reads and writes besides the collection's (tool calls and
 /// observations), so their punctuation and keywords are merged into tokens
@@ -97,6 +107,11 @@ pub struct FreshArgs {
     /// Peak learning rate of copy pre-training.
     #[arg(long, default_value_t = 2e-3)]
     pub copy_lr: f64,
+    /// The tools the agent will offer the policy (`agent.tools`), whose
+    /// schemas copy pre-training shows in every prompt as the agent does;
+    /// its searches use the search tools among them.
+    #[arg(long, value_delimiter = ',', default_value = "bm25_search")]
+    pub tools: Vec<String>,
 }
 
 /// What was made, for the caller to report.
@@ -153,6 +168,7 @@ pub fn init_policy(args: &FreshArgs) -> Result<Fresh, Error> {
             lr: args.copy_lr,
             seed: args.seed as u64,
             report_every: 25,
+            tools: args.tools.clone(),
         };
         Some(copy_pretrain(&random, &documents, &questions, &spec, &args.out)?)
     };
@@ -232,7 +248,7 @@ fn write_tokenizer_files(tokenizer: &Tokenizer, dir: &Path) -> Result<(), Error>
                    "model_max_length": 8192, "tokenizer_class": "PreTrainedTokenizerFast"})
             .to_string(),
         ),
-        ("chat_template.jinja", CHAT_TEMPLATE.to_owned()),
+        ("chat_template.jinja", CHAT_TEMPLATE.replace("{{ TOOLS }}", TOOLS_LINE)),
         (
             "generation_config.json",
             json!({"bos_token_id": id(IM_START), "eos_token_id": id(IM_END), "pad_token_id": id(IM_END)}).to_string(),
