@@ -9,7 +9,9 @@
 #      inference gateway, policy server) with the base;
 #   4. trajectory SFT: a run whose episodes a scripted teacher plays
 #      (`agent.teacher: mixture`), trained on those rewarded at least
-#      `sft_min_reward`, validated every few steps;
+#      `sft_min_reward`, validated every few steps; every episode opens with
+#      BM25 on the question (`agent.opening_search`), so each turn chooses
+#      between following a bridge named in the results and submitting;
 #   5. GRPO from the SFT run's best validated checkpoint (`policy.from_run`),
 #      the policy's own episodes, validated every few steps;
 #   6. evaluate on the test split: BM25 and (with vectors) hybrid search on
@@ -39,7 +41,7 @@ source "$(dirname "$0")/mesh.sh"
 
 source="" collection="" policy="" work="" vectors=0
 copy_steps=800 train_limit=0 eval_limit=0 sft_epochs=2 grpo_epochs=1
-usage() { sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,36p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 while (($#)); do
   case "$1" in
     --source) source="$2"; shift 2 ;;
@@ -61,6 +63,10 @@ for split in train test; do
   [[ -f "$source/qrels/$split.tsv" ]] || { echo "--source $source has no qrels/$split.tsv" >&2; exit 2; }
 done
 source="$(realpath "$source")"
+# The agent's tools: BM25 (and vector search with --vectors) and the answer
+# tool. The fresh policy is pre-trained with exactly these in its prompt.
+tools=bm25_search
+((vectors)) && tools+=,vector_search
 work="$(realpath -m "${work:-$(mktemp -d -t sleuth-train-XXXXXX)}")"
 mkdir -p "$work"
 started=$(date +%s)
@@ -92,7 +98,7 @@ if [[ -z "$policy" ]]; then
   policy="$work/base"
   say "[$(elapsed)] making a fresh tiny policy for $collection ($copy_steps steps of copy pre-training)"
   "$bin/learner" init-policy --collection "$tasks" "$policy" --vocab-size 2048 --hidden-size 128 --layers 2 \
-    --copy-steps "$copy_steps" --copy-batch 32 --copy-lr 3e-3
+    --copy-steps "$copy_steps" --copy-batch 32 --copy-lr 3e-3 --tools "$tools"
 fi
 policy="$(realpath "$policy")"
 
@@ -151,10 +157,12 @@ train() {
 spec sft "max_epochs: $sft_epochs
 agent:
   budget: {max_turns: 5, max_new_tokens_per_turn: 96, max_episode_tokens: 6144, observation_char_cap: 2000}
+  tools: [$tools]
+  opening_search: bm25_search
   sampling: {seed: 1}
   teacher: mixture
 training: {learning_rate: 2.0e-3, checkpoint_every: 10, eval_every: 10, sft_min_reward: 0.3}"
-train sft "$(tail -n 6 "$work/sft.yaml")"
+train sft "$(tail -n 8 "$work/sft.yaml")"
 
 # Every policy row runs with the SFT run's agent settings, greedy.
 evaluate bm25 --contender bm25
@@ -170,9 +178,11 @@ spec grpo "max_epochs: $grpo_epochs
 policy: {from_run: sft}
 agent:
   budget: {max_turns: 5, max_new_tokens_per_turn: 96, max_episode_tokens: 6144, observation_char_cap: 2000}
+  tools: [$tools]
+  opening_search: bm25_search
   sampling: {temperature: 1.0, seed: 2}
 training: {advantage: grpo, loss: ppo, learning_rate: 5.0e-4, checkpoint_every: 5, eval_every: 5}"
-train grpo "$(tail -n 5 "$work/grpo.yaml")"
+train grpo "$(tail -n 7 "$work/grpo.yaml")"
 grpo="$("$bin/learner" best-policy grpo)"
 serve "$grpo"
 evaluate grpo --agent-from sft
