@@ -2,7 +2,8 @@
 //! policies imprinted to always search or always submit, a mesh of real
 //! service processes (tool gateway, policy server, inference gateway, agent
 //! workers, orchestrator) around them ([`mesh`]), ways to watch a run
-//! ([`stream`]), and a headless browser for the dashboard ([`browser`]).
+//! ([`stream`]), a headless browser for the dashboard ([`browser`]), and
+//! the synthetic collection with a fresh base policy to learn on ([`learning`]).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -17,10 +18,12 @@ use sleuth_proto::rollout::v1 as rollout;
 use crate::ServiceProcess;
 
 mod browser;
+mod learning;
 mod mesh;
 mod stream;
 
 pub use browser::Browser;
+pub use learning::{SYNTH, TOOLS, learning_base, prepare_learning_base, synth_collection};
 pub use mesh::Mesh;
 pub use stream::*;
 

@@ -13,6 +13,7 @@ use sleuth_tests::fixture;
 async fn main() -> Result<()> {
     scifact_vectors()?;
     fixture::prepare_policies().await?;
+    fixture::prepare_learning_base()?;
     eprintln!("fixtures: ready in {}", sleuth_testkit::cache_dir()?.display());
     Ok(())
 }
