@@ -27,7 +27,8 @@
 //!   when there is none.
 //!
 //! Conversations open with the agent's system prompt (`sleuth_chat`) and the
-//! schemas of the tools the agent will offer (`--tools`): the context the
+//! tools the agent will offer (`--tools`), as the model's own template
+//! renders them (a fresh policy's names them in one line): the context the
 //! policy copies in during its episodes. A bridge's first search is the
 //! question's, as the agent's `opening_search` shows it. Which task an episode
 //! needs, and when, is left to SFT and RL.
@@ -72,9 +73,9 @@ pub struct CopyTraining {
     pub seed: u64,
     /// Steps between progress reports (each scores held-out conversations).
     pub report_every: usize,
-    /// The tools the agent will offer (`agent.tools`): their schemas open
-    /// every prompt, as in the agent's episodes, and the searches use the
-    /// search tools among them.
+    /// The tools the agent will offer (`agent.tools`): every prompt carries
+    /// them as the model's template renders them, as in the agent's
+    /// episodes, and the searches use the search tools among them.
     pub tools: Vec<String>,
 }
 
