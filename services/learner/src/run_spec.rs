@@ -91,13 +91,19 @@ impl RunRecord {
         }
     }
 
-    /// The number of groups the run published, once it succeeded (they are
-    /// then all it will publish); `None` while it runs, failed (it may be
-    /// resumed) or the orchestrator cannot be asked (the learner asks again).
+    /// The number of groups the run published, once they are all it will
+    /// publish: it succeeded, or it runs with every group out (it then waits
+    /// for the learner's last step to validate it); `None` while groups are
+    /// still to come, after a failure (the run may be resumed) or when the
+    /// orchestrator cannot be asked (the learner asks again).
     pub async fn groups_published(&self) -> Option<u64> {
         use sleuth_proto::rollout::v1::RunStatus;
         let run = self.get("whether the run is over").await?;
-        (run.status == RunStatus::Succeeded as i32).then(|| run.progress.map_or(0, |p| p.groups_published))
+        let progress = run.progress.unwrap_or_default();
+        let all_out = run.status == RunStatus::Running as i32
+            && progress.groups_total > 0
+            && progress.groups_published >= progress.groups_total;
+        (run.status == RunStatus::Succeeded as i32 || all_out).then_some(progress.groups_published)
     }
 
     /// The version with the best validation score so far, if the run

@@ -203,6 +203,7 @@ impl Runner {
         let validator = crate::validate::Validator::new(
             run_id,
             spec,
+            (tasks.len() * epochs) as u64,
             first_version,
             self.state.clone(),
             self.redis.clone(),
@@ -274,13 +275,14 @@ impl Runner {
         while let Some(done) = groups.join_next().await {
             done.map_err(|e| e.to_string())??;
         }
-        // Every group is out: a validation under way finishes, then no more.
+        // Every group is out: a validation under way finishes, then the
+        // learner's last version is validated; cancelling stops either.
         let _ = trained.send(true);
-        if let Some(validation) = validation {
-            if *cancelled.borrow() {
-                validation.abort();
+        if let Some(mut validation) = validation {
+            tokio::select! {
+                _ = &mut validation => {}
+                _ = cancelled.wait_for(|&c| c) => validation.abort(),
             }
-            let _ = validation.await;
         }
         Ok(())
     }

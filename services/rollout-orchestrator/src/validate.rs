@@ -1,6 +1,8 @@
 //! Validation during training: whenever the learner's version enters a new
-//! multiple of `training.eval_every` (and at the run's first version, the
-//! untrained start), the run evaluates the served policy on its validation
+//! multiple of `training.eval_every`, at the run's first version (the
+//! untrained start) and at its last (once the learner has taken every group:
+//! the weights the run ends with are a candidate too, however many steps the
+//! run made), the run evaluates the served policy on its validation
 //! set with the evaluation harness (greedy, no teacher: the policy itself),
 //! and records nDCG@10, reward, failure rates, turns and tokens per version.
 //! New training groups wait while it runs, so the version stays put (at most
@@ -36,6 +38,9 @@ pub struct Validator {
     request: EvaluateRequest,
     reward: NdcgReward,
     eval_every: u64,
+    /// The groups the run publishes in all: the learner has made its last
+    /// step once it has taken them all.
+    groups: u64,
     /// The run's first version (1 with a start model of its own, else 0).
     first_version: u64,
     /// Set while a validation runs: the run starts no training group.
@@ -50,6 +55,7 @@ impl Validator {
     pub fn new(
         run_id: &str,
         spec: &RunSpec,
+        groups: u64,
         first_version: u64,
         state: State,
         redis: sleuth_store::RedisStore,
@@ -77,6 +83,7 @@ impl Validator {
             request,
             reward,
             eval_every,
+            groups,
             first_version,
             held: Arc::default(),
             state,
@@ -86,8 +93,9 @@ impl Validator {
     }
 
     /// Validates each due version until `done` turns true (a validation in
-    /// progress finishes first). A failed validation is logged and retried
-    /// at the next version; it never fails the run.
+    /// progress finishes first), then the version the learner ends on. A
+    /// failed validation is logged and retried at the next version; it never
+    /// fails the run.
     pub async fn run(self, mut done: watch::Receiver<bool>) {
         let mut last = match self.state.validations(&self.run_id).await {
             Ok(validations) => validations.last().map(|v| v.version),
@@ -113,6 +121,37 @@ impl Validator {
                 () = tokio::time::sleep(POLL) => {}
                 _ = done.changed() => {}
             }
+        }
+        self.validate_last(last).await;
+    }
+
+    /// Every group is out: waits for the learner to take them all (its
+    /// last, smaller step included), then validates the version it ended on
+    /// unless that one is validated already. The wait ends only with the
+    /// run: a learner that restarts finishes the run's steps, and
+    /// cancelling the run aborts it.
+    async fn validate_last(&self, last: Option<u64>) {
+        let mut waited = std::time::Instant::now();
+        loop {
+            match trajectories::groups_taken(&self.redis, &self.run_id).await {
+                Ok(taken) if taken >= self.groups => break,
+                Ok(taken) if waited.elapsed() >= Duration::from_secs(60) => {
+                    tracing::info!(run = %self.run_id, taken, groups = self.groups, "waiting for the learner's last step to validate it");
+                    waited = std::time::Instant::now();
+                }
+                Ok(_) => {}
+                Err(error) => tracing::warn!(run = %self.run_id, %error, "cannot read the learner's progress"),
+            }
+            tokio::time::sleep(POLL).await;
+        }
+        match trajectories::learner_version(&self.redis, &self.run_id).await {
+            Ok(version) if version >= self.first_version && last.is_none_or(|last| version > last) => {
+                if let Err(error) = self.validate(version).await {
+                    tracing::error!(run = %self.run_id, version, %error, "validating the last version failed");
+                }
+            }
+            Ok(_) => {}
+            Err(error) => tracing::warn!(run = %self.run_id, %error, "cannot read the learner's last version"),
         }
     }
 
