@@ -78,11 +78,18 @@ pub fn parse_search_results(observation: &str) -> Vec<ListedHit> {
     hits
 }
 
-/// The bridge to follow: the first name in `hits` that none of `known`
-/// (the question and the queries searched so far) holds, ignoring case.
-pub fn first_new_name(hits: &[ListedHit], known: &[String]) -> Option<String> {
+/// The query that follows a bridge: the first name in `hits` that none of
+/// `known` (the question and the queries searched so far) holds, ignoring
+/// case, after a space. The space makes the query's tokens the name's tokens
+/// in the results: byte-level BPE tokenizers (GPT-2's, Qwen's, a fresh
+/// policy's) fold a word's leading space into its first token, so
+/// `"query": "Raklon` would spell the first word with tokens the results
+/// never show, and a policy could only recall names, not copy new ones.
+/// Searches ignore the space.
+pub fn bridge_query(hits: &[ListedHit], known: &[String]) -> Option<String> {
     let known: Vec<String> = known.iter().map(|k| k.to_lowercase()).collect();
-    hits.iter().flat_map(|hit| names(&hit.text)).find(|name| !known.iter().any(|k| k.contains(&name.to_lowercase())))
+    let new = |name: &String| !known.iter().any(|k| k.contains(&name.to_lowercase()));
+    hits.iter().flat_map(|hit| names(&hit.text)).find(new).map(|name| format!(" {name}"))
 }
 
 /// The documents the searches of an episode found (each search's hit ids,
@@ -142,6 +149,16 @@ mod tests {
     fn names_are_runs_of_capitalised_words_not_sentence_starts() {
         let text = "Klabou Atelier was started by Ada Varnok in 1903. It makes kettles. Ada enjoys Foukur.";
         assert_eq!(names(text), ["Klabou Atelier", "Ada Varnok", "Foukur"]);
+    }
+
+    #[test]
+    fn a_bridge_query_is_the_first_unsearched_name_after_a_space() {
+        let hits = [ListedHit { id: "o3".into(), text: "Klabou Atelier. Started by Ada Varnok in Foukur.".into() }];
+        let known = |queries: &[&str]| queries.iter().map(|q| q.to_string()).collect::<Vec<_>>();
+        assert_eq!(bridge_query(&hits, &known(&["Who started klabou atelier?"])).as_deref(), Some(" Ada Varnok"));
+        // A followed bridge is known by its query, space and all.
+        assert_eq!(bridge_query(&hits, &known(&["klabou atelier", " Ada Varnok"])).as_deref(), Some(" Foukur"));
+        assert_eq!(bridge_query(&hits, &known(&["Klabou Atelier Ada Varnok Foukur"])), None);
     }
 
     #[test]

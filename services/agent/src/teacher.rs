@@ -13,7 +13,7 @@
 //! SFT learns a mixture and RL has a choice to make.
 
 use serde_json::json;
-use sleuth_chat::observation::{ListedHit, SEARCH_HITS, first_new_name, parse_search_results};
+use sleuth_chat::observation::{ListedHit, SEARCH_HITS, bridge_query, parse_search_results};
 use sleuth_proto::common::v1::ToolSpec;
 
 use crate::prompt::SUBMIT_TOOL;
@@ -128,10 +128,10 @@ impl Teacher {
         call
     }
 
-    /// The first name in the latest results that no earlier query holds.
+    /// The query following the first name in the latest results that no earlier query holds.
     fn bridge(&self) -> Option<String> {
         let known: Vec<String> = std::iter::once(&self.question).chain(&self.searched).cloned().collect();
-        first_new_name(&self.latest, &known)
+        bridge_query(&self.latest, &known)
     }
 
     /// A submission without ids: what the searches found, the last search's

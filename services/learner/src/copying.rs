@@ -38,7 +38,7 @@ use std::time::Instant;
 
 use serde_json::{Value as Json, json};
 use sleuth_beir::Document;
-use sleuth_chat::observation::{Hit, SEARCH_HITS, first_new_name, parse_search_results, search_results, shorten};
+use sleuth_chat::observation::{Hit, SEARCH_HITS, bridge_query, parse_search_results, search_results, shorten};
 use sleuth_chat::tool_calls_text;
 use sleuth_chat::tools::{READ_DOCUMENT, SEARCH_TOOLS, SUBMIT_RANKING, ToolSchema};
 
@@ -278,7 +278,7 @@ fn conversation(source: &Source, task: Task, draw: &mut Draw) -> (Vec<Json>, Str
             .collect();
         let observation = search_results(tool, &query, &hits);
         let listed = parse_search_results(&observation);
-        bridge = first_new_name(&listed, &queries);
+        bridge = bridge_query(&listed, &queries);
         messages.push(json!({"role": "assistant", "content": search(tool, &query)}));
         messages.push(json!({"role": "tool", "content": observation}));
         queries.push(query);
