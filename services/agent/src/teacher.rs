@@ -189,10 +189,10 @@ mod tests {
         assert!(first.contains(r#""name": "bm25_search""#) && first.contains("Klabou Atelier"), "{first}");
         let company = "bm25_search results for \"...\":\n[1] doc_id: o3 | Klabou Atelier\nKlabou Atelier was started by Ada Varnok in 1903.\n[2] doc_id: do3 | Klabou Atelier\nKlabou Atelier sponsored the regatta held in Razak during 1950.\n";
         let second = teacher.reply(Some(company), 4);
-        assert!(second.contains(r#""query": "Ada Varnok""#), "{second}");
+        assert!(second.contains(r#""query": " Ada Varnok""#), "{second}");
         let person = "bm25_search results for \"Ada Varnok\":\n[1] doc_id: p3 | Ada Varnok\nAda Varnok lives in Foukur and earns a living as a potter.\n";
         let third = teacher.reply(Some(person), 3);
-        assert!(third.contains(r#""query": "Foukur""#), "{third}");
+        assert!(third.contains(r#""query": " Foukur""#), "{third}");
         let town = "bm25_search results for \"Foukur\":\n[1] doc_id: c1 | Foukur\nFoukur lies beside the Toubal.\n";
         let last = teacher.reply(Some(town), 2);
         assert_eq!(last, r#"<tool_call>[{"name": "submit_ranking", "arguments": {}}]</tool_call>"#);
@@ -203,7 +203,7 @@ mod tests {
         let question = "Name the river near the residence of the founder of Klabou Atelier.";
         let mut teacher = Teacher::new(Strategy { tool: "bm25_search", hops: 1 }, question, true);
         let company = "bm25_search results for \"...\":\n[1] doc_id: o3 | Klabou Atelier\nKlabou Atelier was started by Ada Varnok in 1903.\n";
-        assert!(teacher.reply(Some(company), 4).contains(r#""query": "Ada Varnok""#));
+        assert!(teacher.reply(Some(company), 4).contains(r#""query": " Ada Varnok""#));
         let person =
             "bm25_search results for \"Ada Varnok\":\n[1] doc_id: p3 | Ada Varnok\nAda Varnok lives in Foukur.\n";
         assert!(teacher.reply(Some(person), 3).contains(r#""name": "submit_ranking""#), "one hop only");
