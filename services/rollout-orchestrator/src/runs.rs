@@ -185,6 +185,7 @@ impl Runner {
         )?;
         let epochs = spec.max_epochs.max(1) as usize;
         let batch = spec.global_batch_size.max(1) as usize;
+        let groups_total = (tasks.len() * epochs) as u64;
         let slots = Arc::new(Semaphore::new(spec.rollout_max_concurrency.max(1) as usize));
         let known: HashSet<String> = self
             .durable("reading the run's groups", || self.state.published_groups(run_id))
@@ -192,7 +193,7 @@ impl Runner {
             .into_iter()
             .collect();
         self.update(run_id, |p| {
-            p.groups_total = (tasks.len() * epochs) as u64;
+            p.groups_total = groups_total;
             p.groups_published = known.len() as u64;
         });
         // A run with a start model of its own (a model, or another run's
@@ -203,7 +204,7 @@ impl Runner {
         let validator = crate::validate::Validator::new(
             run_id,
             spec,
-            (tasks.len() * epochs) as u64,
+            groups_total,
             first_version,
             self.state.clone(),
             self.redis.clone(),
