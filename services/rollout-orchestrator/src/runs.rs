@@ -212,7 +212,13 @@ impl Runner {
         )?;
         let held = validator.as_ref().map(|v| v.held.clone()).unwrap_or_default();
         let (trained, training_over) = watch::channel(false);
-        let validation = validator.map(|v| tokio::spawn(v.run(training_over)));
+        // In a JoinSet, so that a drive ending early (a group's error) aborts
+        // the validator with it instead of leaving it polling for a run
+        // that is over.
+        let mut validation = tokio::task::JoinSet::new();
+        if let Some(validator) = validator {
+            validation.spawn(validator.run(training_over));
+        }
         let mut groups = tokio::task::JoinSet::new();
         'outer: for epoch in 0..epochs {
             for (index, task) in tasks.iter().enumerate() {
@@ -279,11 +285,9 @@ impl Runner {
         // Every group is out: a validation under way finishes, then the
         // learner's last version is validated; cancelling stops either.
         let _ = trained.send(true);
-        if let Some(mut validation) = validation {
-            tokio::select! {
-                _ = &mut validation => {}
-                _ = cancelled.wait_for(|&c| c) => validation.abort(),
-            }
+        tokio::select! {
+            _ = async { while validation.join_next().await.is_some() {} } => {}
+            _ = cancelled.wait_for(|&c| c) => {}
         }
         Ok(())
     }

@@ -119,7 +119,9 @@ impl Validator {
             }
             tokio::select! {
                 () = tokio::time::sleep(POLL) => {}
-                _ = done.changed() => {}
+                changed = done.changed() => if changed.is_err() {
+                    return; // the run ended before its groups were all out: no last version
+                }
             }
         }
         self.validate_last(last).await;
