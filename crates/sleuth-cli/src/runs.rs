@@ -141,12 +141,37 @@ fn status_name(status: i32) -> &'static str {
     }
 }
 
-/// `[#####.....] done/total label`, redrawn in place.
-fn bar(done: u64, total: u64, label: &str) {
-    let width = 30u64;
-    let filled = (done * width).checked_div(total).unwrap_or(0).min(width) as usize;
-    print!("\r[{}{}] {done}/{total} {label}   ", "#".repeat(filled), ".".repeat(width as usize - filled));
-    let _ = std::io::stdout().flush();
+/// `[#####.....] done/total label`: redrawn in place on a terminal; into a
+/// log (stdout not a terminal) one line per tenth of the way, so that a
+/// long run's log is not all progress lines.
+struct Bar {
+    /// Whether stdout is a terminal (redraw in place).
+    terminal: bool,
+    /// The tenth of the way last written to a log.
+    shown: Option<u64>,
+}
+
+impl Bar {
+    fn new() -> Self {
+        use std::io::IsTerminal;
+        Self { terminal: std::io::stdout().is_terminal(), shown: None }
+    }
+
+    fn show(&mut self, done: u64, total: u64, label: &str) {
+        let width = 30u64;
+        let filled = (done * width).checked_div(total).unwrap_or(0).min(width) as usize;
+        let text = format!("[{}{}] {done}/{total} {label}", "#".repeat(filled), ".".repeat(width as usize - filled));
+        if self.terminal {
+            print!("\r{text}   ");
+            let _ = std::io::stdout().flush();
+        } else {
+            let tenth = (done * 10).checked_div(total).unwrap_or(0);
+            if self.shown != Some(tenth) {
+                println!("{text}");
+                self.shown = Some(tenth);
+            }
+        }
+    }
 }
 
 fn print_run(run: &pb::Run) {
@@ -167,9 +192,10 @@ fn print_run(run: &pb::Run) {
 /// Follows a run; returns the exit code of its outcome.
 async fn watch(client: &mut RolloutOrchestratorClient<MeshChannel>, run_id: &str) -> anyhow::Result<i32> {
     let mut events = client.watch_run(pb::WatchRunRequest { run_id: run_id.to_owned() }).await?.into_inner();
+    let mut bar = Bar::new();
     while let Some(event) = events.next().await {
         match event?.event {
-            Some(pb::run_event::Event::Progress(p)) => bar(
+            Some(pb::run_event::Event::Progress(p)) => bar.show(
                 p.groups_published,
                 p.groups_total,
                 &format!(
@@ -306,13 +332,14 @@ pub async fn eval(args: EvalArgs) -> anyhow::Result<i32> {
         }
         Err(status) => anyhow::bail!("{}", status.message()),
     };
+    let mut bar = Bar::new();
     loop {
         let job = client
             .get_evaluation(pb::GetEvaluationRequest { evaluation_id: started.evaluation_id.clone() })
             .await
             .map_err(|s| anyhow::anyhow!("{}", s.message()))?
             .into_inner();
-        bar(job.tasks_done, job.tasks_total, "tasks");
+        bar.show(job.tasks_done, job.tasks_total, "tasks");
         if job.status != pb::RunStatus::Running as i32 {
             println!("\nevaluation {} {}", job.evaluation_id, status_name(job.status));
             let mut metrics: Vec<_> = job.metrics.iter().collect();
