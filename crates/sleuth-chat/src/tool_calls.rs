@@ -7,8 +7,9 @@
 
 use serde_json::Value;
 
-const OPEN: &str = "<tool_call>";
-const CLOSE: &str = "</tool_call>";
+/// The tags around a reply's tool calls.
+pub const OPEN: &str = "<tool_call>";
+pub const CLOSE: &str = "</tool_call>";
 
 /// One tool call: the function name and its arguments as JSON text.
 #[derive(Debug, Clone, PartialEq, Eq)]

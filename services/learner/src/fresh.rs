@@ -21,6 +21,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::json;
 use sleuth_beir::{BadLines, BeirDir, Document};
+use sleuth_chat::tool_calls::{CLOSE, OPEN};
+use sleuth_chat::tools::{READ_DOCUMENT, SEARCH_TOOLS, SUBMIT_RANKING};
 use sleuth_model::export::{TinyShape, llama_config, write_random};
 use tokenizers::decoders::DecoderWrapper;
 use tokenizers::models::ModelWrapper;
@@ -185,13 +187,17 @@ fn collection_text(collection: &Path, split: &str) -> Result<CollectionText, Err
     let beir = BeirDir::new(collection);
     let failed =
         |e: sleuth_beir::BeirError| Error::InvalidArgument(format!("--collection {}: {e}", collection.display()));
-    let mut texts = vec![PROTOCOL.to_owned(), sleuth_chat::SYSTEM_PROMPT.to_owned()];
+    let mut texts = vec![sleuth_chat::SYSTEM_PROMPT.to_owned()];
     let mut documents = Vec::new();
     for document in beir.corpus(BadLines::Fail).map_err(failed)? {
         let document = document.map_err(failed)?;
         texts.push(format!("{} | {}\n{}", document.id, document.title, document.text));
         documents.push(document);
     }
+    // The protocol once per document: every reply and observation spells it,
+    // so its words are as frequent as the collection's commonest, and BPE
+    // merges them ("arguments", "query") instead of leaving them in letters.
+    texts.extend(std::iter::repeat_n(PROTOCOL.to_owned(), documents.len()));
     let asked: HashSet<String> = beir.qrels(split).map_err(failed)?.into_keys().collect();
     let questions: Vec<String> = beir
         .queries(BadLines::Fail)
@@ -224,14 +230,26 @@ fn train_tokenizer(texts: &[String], vocab_size: usize) -> Result<Tokenizer, Err
         .build()
         .map_err(failed)?;
     let special: Vec<AddedToken> = [END_OF_TEXT, IM_START, IM_END].iter().map(|t| AddedToken::from(*t, true)).collect();
+    // Whole tokens (not special: decoding keeps them) for the tool-call tags
+    // and the tool names: the choice of a tool is then one token. Spelt in
+    // letters (`s ub m it _ ran k ing`, `b m 25 _ s e arch`), the name was
+    // a run of choices, and GRPO mixed them (measured: `submit_search`,
+    // an unknown tool, after three steps).
+    let protocol: Vec<AddedToken> = [OPEN, CLOSE]
+        .into_iter()
+        .chain(SEARCH_TOOLS)
+        .chain([READ_DOCUMENT, SUBMIT_RANKING])
+        .map(|t| AddedToken::from(t, false))
+        .collect();
     let mut trainer: TrainerWrapper = BpeTrainerBuilder::new()
-        .vocab_size(vocab_size)
+        .vocab_size(vocab_size.saturating_sub(protocol.len()))
         .show_progress(false)
         .special_tokens(special)
         .initial_alphabet(ByteLevel::alphabet().into_iter().collect())
         .build()
         .into();
     tokenizer.train(&mut trainer, texts.iter()).map_err(failed)?;
+    tokenizer.add_tokens(protocol).map_err(failed)?;
     Ok(Tokenizer::from(tokenizer))
 }
 

@@ -242,6 +242,11 @@ fn a_fresh_policy_has_a_tokenizer_of_its_collection_and_loads_in_transformers() 
     let encoding = tokenizer.encode(text.as_str(), false).map_err(anyhow::Error::msg)?;
     let decoded = tokenizer.decode(encoding.get_ids(), false).map_err(anyhow::Error::msg)?;
     assert_eq!(decoded, text, "the tokenizer spells the conversation back exactly");
+    // The tool-call tags and the tools' names are one token each: choosing a tool is one choice.
+    for whole in ["<tool_call>", "</tool_call>", "bm25_search", "submit_ranking"] {
+        let id = tokenizer.token_to_id(whole).with_context(|| format!("{whole:?} is not a token"))?;
+        assert!(encoding.get_ids().contains(&id), "{whole:?} is not spelt as its token in {text}");
+    }
     assert!(text.starts_with("<|im_start|>system\n"), "{text}");
     let smollm2 = tokenizers::Tokenizer::from_file(sleuth_testkit::smollm2()?.join("tokenizer.json"))
         .map_err(anyhow::Error::msg)?;
