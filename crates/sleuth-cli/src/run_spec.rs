@@ -152,6 +152,8 @@ struct Training {
     eval_every: u32,
     #[serde(default)]
     sft_min_reward: f64,
+    #[serde(default)]
+    copy_rehearsal: u32,
 }
 
 impl TaskSet {
@@ -204,6 +206,7 @@ pub fn parse(text: &str) -> Result<pb::RunSpec, String> {
             checkpoint_every: t.checkpoint_every,
             eval_every: t.eval_every,
             sft_min_reward: t.sft_min_reward,
+            copy_rehearsal: t.copy_rehearsal,
         }),
     })
 }

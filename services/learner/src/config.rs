@@ -147,6 +147,11 @@ pub struct Config {
     #[arg(skip)]
     pub start_from_run: Option<String>,
 
+    /// Copy pre-training's conversations added to every trajectory SFT step
+    /// (the spec's `training.copy_rehearsal`, see [`crate::copying::Rehearsal`]).
+    #[arg(skip)]
+    pub rehearsal: Option<crate::copying::RehearsalSpec>,
+
     /// Stop after this many steps; 0 = train until shut down.
     #[arg(long, env = "SLEUTH_MAX_STEPS", default_value_t = 0)]
     pub max_steps: u64,

@@ -16,11 +16,10 @@
 //!   one skill from the documents alone, copying text into tool calls (see
 //!   [`crate::copying`]).
 
-use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 use serde_json::json;
-use sleuth_beir::{BadLines, BeirDir, Document};
+use sleuth_beir::Document;
 use sleuth_chat::tool_calls::{CLOSE, OPEN};
 use sleuth_chat::tools::{READ_DOCUMENT, SEARCH_TOOLS, SUBMIT_RANKING};
 use sleuth_model::export::{TinyShape, llama_config, write_random};
@@ -35,7 +34,7 @@ use tokenizers::processors::PostProcessorWrapper;
 use tokenizers::{AddedToken, Tokenizer, TokenizerBuilder, TokenizerImpl};
 
 use crate::Error;
-use crate::copying::{CopyReport, CopyTraining, copy_pretrain};
+use crate::copying::{CopyReport, CopyTraining, copy_pretrain, documents_and_questions};
 
 /// The chat template's control tokens (ChatML, as SmolLM2 and Qwen use).
 const END_OF_TEXT: &str = "<|endoftext|>";
@@ -184,28 +183,14 @@ pub fn init_policy(args: &FreshArgs) -> Result<Fresh, Error> {
 type CollectionText = (Vec<Document>, Vec<String>, Vec<String>);
 
 fn collection_text(collection: &Path, split: &str) -> Result<CollectionText, Error> {
-    let beir = BeirDir::new(collection);
-    let failed =
-        |e: sleuth_beir::BeirError| Error::InvalidArgument(format!("--collection {}: {e}", collection.display()));
+    let (documents, questions) = documents_and_questions(collection, split)
+        .map_err(|e| Error::InvalidArgument(format!("--collection {}: {e}", collection.display())))?;
     let mut texts = vec![sleuth_chat::SYSTEM_PROMPT.to_owned()];
-    let mut documents = Vec::new();
-    for document in beir.corpus(BadLines::Fail).map_err(failed)? {
-        let document = document.map_err(failed)?;
-        texts.push(format!("{} | {}\n{}", document.id, document.title, document.text));
-        documents.push(document);
-    }
+    texts.extend(documents.iter().map(|d| format!("{} | {}\n{}", d.id, d.title, d.text)));
     // The protocol once per document: every reply and observation spells it,
     // so its words are as frequent as the collection's commonest, and BPE
     // merges them ("arguments", "query") instead of leaving them in letters.
     texts.extend(std::iter::repeat_n(PROTOCOL.to_owned(), documents.len()));
-    let asked: HashSet<String> = beir.qrels(split).map_err(failed)?.into_keys().collect();
-    let questions: Vec<String> = beir
-        .queries(BadLines::Fail)
-        .map_err(failed)?
-        .into_iter()
-        .filter(|q| asked.contains(&q.id))
-        .map(|q| q.text)
-        .collect();
     texts.extend(questions.iter().cloned());
     Ok((documents, questions, texts))
 }

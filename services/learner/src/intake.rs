@@ -183,6 +183,7 @@ mod tests {
             run_id: "r".into(),
             sft,
             sft_min_reward: 0.5,
+            rehearsal: None,
             estimator: crate::advantage::Estimator::Grpo,
             global_batch_size: 1,
             max_staleness: 1,

@@ -68,6 +68,8 @@ pub struct Plan {
     pub sft: bool,
     /// Trajectory SFT trains on the episodes rewarded at least this much.
     pub sft_min_reward: f64,
+    /// Copy pre-training's conversations added to every step (trajectory SFT).
+    pub rehearsal: Option<Arc<crate::copying::Rehearsal>>,
     pub estimator: Estimator,
     pub global_batch_size: usize,
     pub max_staleness: u64,
@@ -297,6 +299,9 @@ pub async fn lead(
         }
         // A full step, or the run's last (smaller) one.
         let groups = tally.trained();
+        if let Some(rehearsal) = &plan.rehearsal {
+            samples.extend(rehearsal.samples(meta.step + 1)?);
+        }
         if plan.sft {
             let fraction = batch::check_sft_mask(&samples).map_err(Error::InvalidArgument)?;
             tracing::info!(step = meta.step + 1, trainable_fraction = fraction, "trajectory SFT batch");

@@ -295,6 +295,10 @@ pub async fn run(
             run_id: config.run_id.clone(),
             sft: config.mode == Mode::Sft,
             sft_min_reward: config.sft_min_reward,
+            rehearsal: match &config.rehearsal {
+                Some(spec) => Some(std::sync::Arc::new(copying::Rehearsal::new(&model_dir, spec)?)),
+                None => None,
+            },
             estimator,
             global_batch_size: config.global_batch_size as usize,
             max_staleness: config.max_staleness,

@@ -144,6 +144,23 @@ pub fn apply(config: &mut Config, spec: &RunSpec) -> Result<(), Error> {
         config.mode = crate::config::Mode::Sft;
         config.sft_min_reward = spec.training.as_ref().map_or(f64::NEG_INFINITY, |t| t.sft_min_reward);
     }
+    let per_step = spec.training.as_ref().map_or(0, |t| t.copy_rehearsal) as usize;
+    config.rehearsal = match (per_step, &spec.train) {
+        (0, _) => None,
+        _ if config.mode != crate::config::Mode::Sft => {
+            return Err(invalid(format!(
+                "spec.training.copy_rehearsal {per_step} applies to trajectory SFT: set spec.agent.teacher or remove it"
+            )));
+        }
+        (_, None) => return Err(invalid("spec.training.copy_rehearsal needs spec.train".into())),
+        (_, Some(train)) => Some(crate::copying::RehearsalSpec {
+            per_step,
+            collection: train.source_uri.clone().into(),
+            split: train.split.clone(),
+            tools: spec.agent.as_ref().map(|a| a.tools.clone()).unwrap_or_default(),
+            seed: sleuth_kit::seed::derive(0, &config.run_id),
+        }),
+    };
     tracing::info!(
         global_batch_size = config.global_batch_size,
         max_staleness = config.max_staleness,
@@ -156,6 +173,7 @@ pub fn apply(config: &mut Config, spec: &RunSpec) -> Result<(), Error> {
         from_run = config.start_from_run.as_deref().unwrap_or(""),
         mode = ?config.mode,
         sft_min_reward = config.sft_min_reward,
+        copy_rehearsal = per_step,
         "training settings from the run's spec"
     );
     Ok(())
@@ -186,6 +204,7 @@ mod tests {
                 checkpoint_every: 7,
                 eval_every: 0,
                 sft_min_reward: 0.5,
+                copy_rehearsal: 0,
             }),
             ..Default::default()
         };
@@ -201,6 +220,34 @@ mod tests {
         };
         apply(&mut config, &taught).unwrap();
         assert_eq!((config.mode, config.sft_min_reward), (crate::config::Mode::Sft, 0.5), "a teacher's run is SFT");
+        assert_eq!(config.rehearsal, None);
+
+        // Copy rehearsal reads the run's own training collection.
+        let rehearse = |teacher: &str| RunSpec {
+            agent: Some(sleuth_proto::agent::v1::AgentConfig {
+                teacher: teacher.into(),
+                tools: vec!["bm25_search".into()],
+                ..Default::default()
+            }),
+            train: Some(sleuth_proto::rollout::v1::TaskSet {
+                source_uri: "/data/synth".into(),
+                split: "train".into(),
+                ..Default::default()
+            }),
+            training: Some(TrainingSpec { copy_rehearsal: 16, ..taught.training.clone().unwrap() }),
+            ..taught.clone()
+        };
+        let mut config = self::tests::config(&[]).unwrap();
+        apply(&mut config, &rehearse("mixture")).unwrap();
+        let rehearsal = config.rehearsal.unwrap();
+        assert_eq!((rehearsal.per_step, rehearsal.split.as_str()), (16, "train"));
+        assert_eq!(
+            (rehearsal.collection.to_str(), rehearsal.tools),
+            (Some("/data/synth"), vec!["bm25_search".to_owned()])
+        );
+        let mut config = self::tests::config(&[]).unwrap();
+        let error = apply(&mut config, &rehearse("")).unwrap_err().to_string();
+        assert!(error.contains("spec.training.copy_rehearsal 16 applies to trajectory SFT"), "{error}");
     }
 
     #[test]

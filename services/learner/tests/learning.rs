@@ -202,6 +202,48 @@ fn a_fresh_policy_has_a_tokenizer_of_its_collection_and_loads_in_transformers() 
     assert!(!again.status.success() && String::from_utf8_lossy(&again.stderr).contains("exists"), "{again:?}");
     let fresh_dir = out;
 
+    // Copy rehearsal draws the same kind of conversations over the collection
+    // for every SFT step: the same for a step whenever it is trained again
+    // (a resumed learner), others at the next, each teaching one tool call.
+    let rehearsal = learner::copying::Rehearsal::new(
+        &fresh_dir,
+        &learner::copying::RehearsalSpec {
+            per_step: 6,
+            collection: collection.clone(),
+            split: "train".into(),
+            tools: vec!["bm25_search".into()],
+            seed: 9,
+        },
+    )?;
+    let (first, again, next) = (rehearsal.samples(1)?, rehearsal.samples(1)?, rehearsal.samples(2)?);
+    assert_eq!(first.len(), 6);
+    assert_eq!(
+        first.iter().map(|s| &s.tokens).collect::<Vec<_>>(),
+        again.iter().map(|s| &s.tokens).collect::<Vec<_>>()
+    );
+    assert_ne!(first.iter().map(|s| &s.tokens).collect::<Vec<_>>(), next.iter().map(|s| &s.tokens).collect::<Vec<_>>());
+    let reply_tokenizer =
+        tokenizers::Tokenizer::from_file(fresh_dir.join("tokenizer.json")).map_err(anyhow::Error::msg)?;
+    for sample in &first {
+        let taught: Vec<u32> =
+            sample.tokens.iter().zip(&sample.mask).filter(|(_, m)| **m > 0.0).map(|(t, _)| *t as u32).collect();
+        let reply = reply_tokenizer.decode(&taught, false).map_err(anyhow::Error::msg)?;
+        assert!(reply.starts_with("<tool_call>") && reply.contains("</tool_call>"), "{reply}");
+    }
+    let error = learner::copying::Rehearsal::new(
+        &fresh_dir,
+        &learner::copying::RehearsalSpec {
+            per_step: 1,
+            collection: scratch.path().join("missing"),
+            split: "train".into(),
+            tools: vec!["bm25_search".into()],
+            seed: 9,
+        },
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(error.contains("spec.train.source_uri") && error.contains("missing"), "{error}");
+
     let config = sleuth_model::Config::from_file(&fresh_dir.join("config.json"))?;
     let mut vars = VarStore::new(Device::Cpu);
     let model = sleuth_model::Model::new(&vars.root(), &config);

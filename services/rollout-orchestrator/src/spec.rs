@@ -35,6 +35,11 @@ fn validate_validation(spec: &pb::RunSpec, train: &[Task]) -> Result<(), String>
 
 /// The training settings the learner takes from the spec (see the learner's
 /// `run_spec`), checked here so a bad one fails `CreateRun`, not the learner.
+/// The most rehearsed conversations per step: each is a sample of the step,
+/// so thousands would drown the episodes (and a typo in a spec should not
+/// make a step of a million samples).
+const MAX_COPY_REHEARSAL: u32 = 1024;
+
 fn validate_training(training: &pb::TrainingSpec) -> Result<(), String> {
     use sleuth_metrics::advantage::Estimator;
     use sleuth_metrics::policy_loss::PolicyLoss;
@@ -86,6 +91,16 @@ pub fn validate(spec: &pb::RunSpec) -> Result<(), String> {
             "spec.training.sft_min_reward applies to trajectory SFT: set spec.agent.teacher or remove it".into()
         );
     }
+    if let Some(rehearsal) = spec.training.as_ref().map(|t| t.copy_rehearsal).filter(|n| *n > 0) {
+        if teacher.is_none() {
+            return Err(format!(
+                "spec.training.copy_rehearsal {rehearsal} applies to trajectory SFT: set spec.agent.teacher or remove it"
+            ));
+        }
+        if rehearsal > MAX_COPY_REHEARSAL {
+            return Err(format!("spec.training.copy_rehearsal must be at most {MAX_COPY_REHEARSAL}, got {rehearsal}"));
+        }
+    }
     if let Some(policy) = spec.policy.as_ref().filter(|p| !p.from_run.is_empty()) {
         if !policy.model_uri.is_empty() {
             return Err("spec.policy sets both model_uri and from_run; a run starts from one of them".into());
@@ -116,7 +131,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_teacher_must_name_a_strategy() {
+    fn a_teacher_and_its_settings_are_checked() {
         let with_teacher = |teacher: &str| pb::RunSpec {
             agent: Some(sleuth_proto::agent::v1::AgentConfig { teacher: teacher.into(), ..Default::default() }),
             group_size: 1,
@@ -139,6 +154,14 @@ mod tests {
         assert!(error.contains("spec.agent.opening_search \"read_document\" is not a search tool"), "{error}");
         let error = validate(&opening("vector_search", &["bm25_search"])).unwrap_err();
         assert!(error.contains("spec.agent.opening_search \"vector_search\" is not among"), "{error}");
+        let rehearsing = |teacher: &str, copy_rehearsal| pb::RunSpec {
+            training: Some(pb::TrainingSpec { copy_rehearsal, ..Default::default() }),
+            ..with_teacher(teacher)
+        };
+        let error = validate(&rehearsing("", 16)).unwrap_err();
+        assert!(error.contains("spec.training.copy_rehearsal 16 applies to trajectory SFT"), "{error}");
+        let error = validate(&rehearsing("mixture", 5000)).unwrap_err();
+        assert!(error.contains("spec.training.copy_rehearsal must be at most 1024, got 5000"), "{error}");
     }
 
     #[test]
@@ -216,6 +239,7 @@ mod tests {
         ) {
             let (group_size, global_batch_size, rollout_max_concurrency, eval_every) = sizes;
             let (learning_rate, kl_coef, sft_min_reward, checkpoint_every) = numbers;
+            let copy_rehearsal = checkpoint_every * 700;
             let (advantage, loss, model_uri) = names;
             let task_set = pb::TaskSet { source_uri: source, collection: "c".into(), split: "test".into(), limit: 0 };
             let spec = pb::RunSpec {
@@ -234,6 +258,7 @@ mod tests {
                     sft_min_reward,
                     checkpoint_every,
                     eval_every,
+                    copy_rehearsal,
                 }),
                 reward: Some(pb::RewardSpec { name: String::new(), outcome_penalties: penalties.into_iter().collect() }),
                 ..Default::default()

@@ -1,0 +1,232 @@
+//! The samples copy pre-training draws from a collection (see the parent
+//! module's docs for why each kind): strings of random words repeated, and
+//! conversations in the agent protocol's text that ask for a query or a
+//! bridge. Copy rehearsal draws the same conversations during trajectory SFT.
+
+use serde_json::{Value as Json, json};
+use sleuth_beir::Document;
+use sleuth_chat::observation::{Hit, SEARCH_HITS, bridge_query, parse_search_results, search_results, shorten};
+use sleuth_chat::tool_calls_text;
+use sleuth_chat::tools::{READ_DOCUMENT, SEARCH_TOOLS, SUBMIT_RANKING, ToolSchema};
+
+use crate::Error;
+use crate::batch::Sample;
+use crate::reply::ReplyRenderer;
+
+/// Characters of a sentence used as a user message or query.
+const SENTENCE_CHARS: usize = 160;
+/// Words in a repeated string, and the most tokens of it kept.
+const REPEAT_WORDS: usize = 120;
+const REPEAT_TOKENS: usize = 200;
+/// The most words in a random question.
+const RANDOM_WORDS: usize = 30;
+
+/// One of the skills taught.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Task {
+    Ask,
+    Bridge,
+}
+
+impl Task {
+    pub(crate) const ALL: [Task; 2] = [Task::Ask, Task::Bridge];
+    /// The conversations of a step, in turn: bridges twice as often, the
+    /// harder skill (find the name, then copy it from a long observation)
+    /// and the only one an episode opened by the agent's search needs.
+    const MIX: [Task; 3] = [Task::Ask, Task::Bridge, Task::Bridge];
+
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Task::Ask => "ask",
+            Task::Bridge => "bridge",
+        }
+    }
+}
+
+/// Draws from a seed (counter-based, so a run is reproducible).
+pub(crate) struct Draw {
+    seed: u64,
+    drawn: u64,
+}
+
+impl Draw {
+    pub fn new(seed: u64) -> Self {
+        Self { seed, drawn: 0 }
+    }
+}
+
+impl Draw {
+    fn below(&mut self, n: usize) -> usize {
+        self.drawn += 1;
+        (sleuth_kit::seed::derive(self.seed, &self.drawn.to_string()) % n as u64) as usize
+    }
+
+    fn chance(&mut self, percent: usize) -> bool {
+        self.below(100) < percent
+    }
+
+    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
+        &items[self.below(items.len())]
+    }
+}
+
+/// What conversations are drawn from.
+pub(crate) struct Source {
+    documents: Vec<Document>,
+    /// Training questions (may be none).
+    questions: Vec<String>,
+    /// The documents' distinct words.
+    words: Vec<String>,
+    /// The offered tools, as the chat template renders them.
+    pub tools: Offered,
+}
+
+impl Source {
+    pub fn new(documents: Vec<Document>, questions: Vec<String>, tools: Offered) -> Self {
+        let mut words: Vec<&str> = documents.iter().flat_map(|d| d.text.split_whitespace()).collect();
+        words.sort_unstable();
+        words.dedup();
+        let words = words.into_iter().map(str::to_owned).collect();
+        Self { documents, questions, words, tools }
+    }
+
+    /// Documents drawn from.
+    pub fn documents(&self) -> usize {
+        self.documents.len()
+    }
+}
+
+/// The tools of the agent's episodes, in the order it offers them.
+#[derive(Clone)]
+pub(crate) struct Offered {
+    /// The search tools among them.
+    searches: Vec<&'static str>,
+    /// Every schema (the answer tool last), as OpenAI `tools` entries.
+    pub schemas: Vec<Json>,
+}
+
+impl Offered {
+    /// `names` in the tool gateway's order, then the answer tool; an error
+    /// names a tool that is not the agent's, or a list without a search.
+    pub fn new(names: &[String]) -> Result<Self, Error> {
+        if let Some(unknown) = names.iter().find(|n| ToolSchema::named(n).is_none() || *n == SUBMIT_RANKING) {
+            return Err(Error::InvalidArgument(format!(
+                "--tools names {unknown:?}, not one of {}, {READ_DOCUMENT}",
+                SEARCH_TOOLS.join(", ")
+            )));
+        }
+        let offered = |name: &&str| names.iter().any(|n| n == name);
+        let searches: Vec<&'static str> = SEARCH_TOOLS.into_iter().filter(offered).collect();
+        if searches.is_empty() {
+            return Err(Error::InvalidArgument(format!(
+                "--tools must name a search tool ({})",
+                SEARCH_TOOLS.join(", ")
+            )));
+        }
+        let schemas = SEARCH_TOOLS
+            .into_iter()
+            .chain([READ_DOCUMENT])
+            .filter(offered)
+            .chain([SUBMIT_RANKING])
+            .filter_map(ToolSchema::named)
+            .map(|schema| schema.function())
+            .collect();
+        Ok(Self { searches, schemas })
+    }
+}
+
+/// A sentence of a document, cut to [`SENTENCE_CHARS`].
+fn sentence(document: &Document, draw: &mut Draw) -> String {
+    let sentences: Vec<&str> = document.text.split_inclusive(". ").map(str::trim).filter(|s| !s.is_empty()).collect();
+    let chosen = if sentences.is_empty() { document.title.as_str() } else { draw.pick(&sentences) };
+    shorten(chosen, SENTENCE_CHARS).trim().to_owned()
+}
+
+/// A string of random words twice over, as raw text with the loss on the
+/// second copy: every token of it is predictable by copying and by nothing
+/// else. This dense supervision is where a tiny model's copying circuit
+/// (induction heads) forms; the conversations alone, a few copied words
+/// each, did not form it in thousands of steps.
+pub(crate) fn repeated(source: &Source, renderer: &ReplyRenderer, draw: &mut Draw) -> Result<Sample, Error> {
+    let words = (0..REPEAT_WORDS).map(|_| draw.pick(&source.words).as_str()).collect::<Vec<_>>().join(" ");
+    let once = renderer.encode(&words)?;
+    let once = &once[..once.len().min(REPEAT_TOKENS)];
+    let tokens: Vec<i64> = once.iter().chain(once).copied().collect();
+    // The first token of the copy is not predictable; the rest are.
+    let mask = (0..tokens.len()).map(|j| if j > once.len() { 1.0 } else { 0.0 }).collect();
+    Ok(Sample { behaviour: vec![0.0; tokens.len()], tokens, mask, advantage: 0.0 })
+}
+
+fn search(tool: &str, query: &str) -> String {
+    tool_calls_text(&[json!({"name": tool, "arguments": {"query": query, "k": SEARCH_HITS}})])
+}
+
+/// A conversation teaching `task` from `documents`, and its reply. A bridge
+/// with no name to follow is taught as a submission.
+pub(crate) fn conversation(source: &Source, task: Task, draw: &mut Draw) -> (Vec<Json>, String) {
+    let documents = &source.documents;
+    let tool = *draw.pick(&source.tools.searches);
+    // A third of the messages are training questions, the text the policy
+    // will be asked (the first search copies one; SFT alone learnt to write
+    // a remembered name there instead). The rest are strings of words drawn
+    // uniformly from the collection's vocabulary, which no n-gram statistics
+    // predict, so only copying lowers their loss (long ones copy many tokens
+    // per conversation), and document sentences.
+    let question = match draw.below(3) {
+        0 if !source.questions.is_empty() => draw.pick(&source.questions).clone(),
+        1 => (0..2 + draw.below(RANDOM_WORDS - 1))
+            .map(|_| draw.pick(&source.words).as_str())
+            .collect::<Vec<_>>()
+            .join(" "),
+        _ => {
+            let document = &documents[draw.below(documents.len())];
+            sentence(document, draw)
+        }
+    };
+    // The agent's own system prompt: the context the policy will copy in.
+    let mut messages = vec![
+        json!({"role": "system", "content": sleuth_chat::SYSTEM_PROMPT}),
+        json!({"role": "user", "content": question}),
+    ];
+    if task == Task::Ask {
+        return (messages, search(tool, &question));
+    }
+    let mut queries = vec![question.clone()];
+    let mut bridge = None;
+    for round in 0..1 + usize::from(draw.chance(35)) {
+        let query = match (round, bridge.take()) {
+            (0, _) | (_, None) => question.clone(),
+            (_, Some(name)) => name,
+        };
+        let hits: Vec<Hit> = (0..1 + draw.below(SEARCH_HITS))
+            .map(|_| {
+                let document = draw.pick(documents);
+                Hit { id: &document.id, title: &document.title, text: &document.text }
+            })
+            .collect();
+        let observation = search_results(tool, &query, &hits);
+        let listed = parse_search_results(&observation);
+        bridge = bridge_query(&listed, &queries);
+        messages.push(json!({"role": "assistant", "content": search(tool, &query)}));
+        messages.push(json!({"role": "tool", "content": observation}));
+        queries.push(query);
+    }
+    let reply = match bridge {
+        Some(name) => search(tool, &name),
+        None => tool_calls_text(&[json!({"name": SUBMIT_RANKING, "arguments": {}})]),
+    };
+    (messages, reply)
+}
+
+/// The `index`-th conversation of a step, in [`Task::MIX`]'s turn, as a
+/// sample with the loss on its reply.
+pub(crate) fn conversation_sample(
+    source: &Source,
+    renderer: &ReplyRenderer,
+    index: usize,
+    draw: &mut Draw,
+) -> Result<Sample, Error> {
+    let task = Task::MIX[index % Task::MIX.len()];
+    let (messages, reply) = conversation(source, task, draw);
+    Ok(renderer.sample(&messages, &source.tools.schemas, &reply)?.sample)
+}
