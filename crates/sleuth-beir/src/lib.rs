@@ -12,6 +12,7 @@
 //! naming the file and line number, or, with [`BadLines::Skip`], is counted
 //! and skipped.
 
+pub mod divide;
 pub mod synth;
 
 use std::collections::BTreeMap;
@@ -36,6 +37,9 @@ pub enum BeirError {
     /// A synthetic collection could not be made as asked.
     #[error("synthetic collection: {0}")]
     Synth(String),
+    /// A split could not be divided as asked (see [`divide`]).
+    #[error("dividing a split: {0}")]
+    Divide(String),
 }
 
 /// What to do with a line that cannot be parsed.

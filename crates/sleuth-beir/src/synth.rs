@@ -97,10 +97,10 @@ const EVENTS: &[&str] = &["regatta", "harvest fair", "lantern parade", "chess to
 const TOPICS: &[&str] = &["apprenticeships", "old tools", "market prices", "river trade", "guild law"];
 
 /// SplitMix64: small, seedable, the same on every platform.
-struct Rng(u64);
+pub(crate) struct Rng(pub(crate) u64);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -108,7 +108,7 @@ impl Rng {
         z ^ (z >> 31)
     }
 
-    fn below(&mut self, n: usize) -> usize {
+    pub(crate) fn below(&mut self, n: usize) -> usize {
         (self.next() % n as u64) as usize
     }
 

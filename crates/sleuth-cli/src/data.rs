@@ -1,6 +1,10 @@
 //! `sleuth data synth`: make the seeded multi-hop collection Sleuth's demo
 //! learns on (see `sleuth_beir::synth`), as an ordinary BEIR directory that
 //! `tool-gateway index` and a run spec take like any other.
+//!
+//! `sleuth data divide`: split one split's questions into disjoint parts
+//! (e.g. `sft`, `rl`, `validation`), keeping questions that share a judged
+//! document together (see `sleuth_beir::divide`).
 
 use std::path::PathBuf;
 
@@ -17,6 +21,27 @@ enum DataCommand {
     /// Write a synthetic BEIR collection (train/validation/test qrels) whose
     /// questions need 1 to 3 searches.
     Synth(SynthArgs),
+    /// Write a BEIR directory over the same corpus and queries whose split
+    /// FROM is divided into disjoint parts (questions sharing a judged
+    /// document stay in one part); every other split is kept.
+    Divide(DivideArgs),
+}
+
+#[derive(Args, Debug)]
+struct DivideArgs {
+    /// The BEIR directory to read.
+    source: PathBuf,
+    /// The directory to write (corpus and queries are linked); must not exist.
+    out: PathBuf,
+    /// The split whose questions are divided.
+    #[arg(long, default_value = "train")]
+    from: String,
+    /// The parts as NAME:WEIGHT, e.g. `sft:1 rl:1` or `train:6 validation:1`.
+    #[arg(long, num_args = 1.., required = true)]
+    into: Vec<sleuth_beir::divide::Part>,
+    /// Seeds the order groups of questions are dealt out in.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
 }
 
 #[derive(Args, Debug)]
@@ -32,7 +57,22 @@ struct SynthArgs {
 }
 
 pub fn run(args: DataArgs) -> anyhow::Result<()> {
-    let DataCommand::Synth(args) = args.command;
+    match args.command {
+        DataCommand::Synth(args) => synth(args),
+        DataCommand::Divide(args) => divide(args),
+    }
+}
+
+fn divide(args: DivideArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(!args.out.exists(), "{} already exists; choose a new directory", args.out.display());
+    let source = sleuth_beir::BeirDir::new(&args.source);
+    let counts = sleuth_beir::divide::write_divided(&source, &args.from, &args.into, args.seed, &args.out)?;
+    let parts: Vec<String> = counts.iter().map(|(part, n)| format!("{part} {n}")).collect();
+    println!("wrote {}: split {} divided into {}", args.out.display(), args.from, parts.join(", "));
+    Ok(())
+}
+
+fn synth(args: SynthArgs) -> anyhow::Result<()> {
     anyhow::ensure!(!args.out.exists(), "{} already exists; choose a new directory", args.out.display());
     let made = sleuth_beir::synth::write(
         &args.out,
