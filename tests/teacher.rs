@@ -165,6 +165,7 @@ async fn an_sft_run_imitates_the_teachers_best_episodes_from_one_spec() -> Resul
         }),
         training: Some(rollout::TrainingSpec {
             learning_rate: 1e-3,
+            lr_schedule: "cosine".into(),
             checkpoint_every: 2,
             eval_every: 2,
             sft_min_reward: 0.5,
@@ -239,6 +240,10 @@ async fn an_sft_run_imitates_the_teachers_best_episodes_from_one_spec() -> Resul
     let loss = |i: usize| steps[i].1["loss"].as_f64().unwrap_or(f64::NAN);
     assert!(steps.len() >= 2, "{steps:?}");
     assert!(loss(steps.len() - 1) < loss(0), "the loss on the teacher's tokens falls: {steps:?}");
+    // The learning rate followed its cosine over the run's planned steps.
+    let rates: Vec<f64> = steps.iter().filter_map(|(_, m)| m["learning_rate"].as_f64()).collect();
+    let (peak, last) = (rates.iter().copied().fold(0.0, f64::max), rates.last().copied().unwrap_or_default());
+    assert!(peak <= 1e-3 + 1e-12 && last < peak && last >= 1e-4 - 1e-12, "learning rates {rates:?}");
     eprintln!(
         "sft: {} groups, {} trained, {} below min reward, {} steps, loss {:.3} -> {:.3}, validated versions {versions:?}",
         records.len(),

@@ -154,6 +154,8 @@ struct Training {
     sft_min_reward: f64,
     #[serde(default)]
     copy_rehearsal: u32,
+    #[serde(default)]
+    lr_schedule: String,
 }
 
 impl TaskSet {
@@ -207,6 +209,7 @@ pub fn parse(text: &str) -> Result<pb::RunSpec, String> {
             eval_every: t.eval_every,
             sft_min_reward: t.sft_min_reward,
             copy_rehearsal: t.copy_rehearsal,
+            lr_schedule: t.lr_schedule,
         }),
     })
 }

@@ -26,6 +26,7 @@ pub mod bootstrap;
 pub mod policy_loss;
 pub mod reward;
 pub mod run;
+pub mod schedule;
 pub mod validation;
 
 use std::collections::{BTreeMap, HashSet};

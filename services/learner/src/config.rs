@@ -152,6 +152,11 @@ pub struct Config {
     #[arg(skip)]
     pub rehearsal: Option<crate::copying::RehearsalSpec>,
 
+    /// How the learning rate moves over the run's steps (the spec's
+    /// `training.lr_schedule`; without an orchestrator, constant).
+    #[arg(skip)]
+    pub lr_schedule: sleuth_metrics::schedule::LrSchedule,
+
     /// Stop after this many steps; 0 = train until shut down.
     #[arg(long, env = "SLEUTH_MAX_STEPS", default_value_t = 0)]
     pub max_steps: u64,

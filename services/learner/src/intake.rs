@@ -184,6 +184,8 @@ mod tests {
             sft,
             sft_min_reward: 0.5,
             rehearsal: None,
+            learning_rate: 1e-3,
+            lr_schedule: Default::default(),
             estimator: crate::advantage::Estimator::Grpo,
             global_batch_size: 1,
             max_staleness: 1,

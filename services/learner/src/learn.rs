@@ -20,46 +20,24 @@ use sleuth_store::{Database, ObjectStore, RedisStore, patiently};
 
 use crate::Error;
 use crate::advantage::Estimator;
-use crate::batch::{self, Sample};
+use crate::batch;
 use crate::checkpoint::{self, Meta};
 use crate::intake::{Tally, announce, commit_trained, read_fresh, take_group};
 use crate::publish::Publisher;
 use crate::records::Disposition;
 use crate::trainer::{StepStats, Trainer};
 
+mod command;
+mod schedule;
+
+use command::Command;
+use schedule::steps_planned;
+
 /// How often an idle learner looks for new groups.
 const POLL: std::time::Duration = std::time::Duration::from_millis(200);
 /// How often an idle learner checks that every policy server serves its
 /// current weights (see [`crate::publish::reconcile`]).
 const RECONCILE: std::time::Duration = std::time::Duration::from_secs(2);
-
-/// What rank 0 tells the others to do next.
-enum Command {
-    Step(Vec<Sample>),
-    Checkpoint(u64),
-    Stop,
-}
-
-impl Command {
-    fn encode(&self) -> Vec<u8> {
-        match self {
-            Command::Step(samples) => [vec![0], batch::encode(samples)].concat(),
-            Command::Checkpoint(step) => [vec![1], step.to_le_bytes().to_vec()].concat(),
-            Command::Stop => vec![2],
-        }
-    }
-
-    fn decode(bytes: &[u8]) -> Result<Self, Error> {
-        match bytes.split_first() {
-            Some((0, rest)) => batch::decode(rest).map(Command::Step).map_err(Error::Train),
-            Some((1, rest)) if rest.len() == 8 => {
-                Ok(Command::Checkpoint(u64::from_le_bytes(rest.try_into().expect("8 bytes"))))
-            }
-            Some((2, _)) => Ok(Command::Stop),
-            _ => Err(Error::Train("malformed command from rank 0".into())),
-        }
-    }
-}
 
 /// How steps are formed and when the loop stops.
 #[derive(Debug, Clone)]
@@ -70,6 +48,9 @@ pub struct Plan {
     pub sft_min_reward: f64,
     /// Copy pre-training's conversations added to every step (trajectory SFT).
     pub rehearsal: Option<Arc<crate::copying::Rehearsal>>,
+    /// The peak learning rate and how it moves over the run's steps.
+    pub learning_rate: f64,
+    pub lr_schedule: sleuth_metrics::schedule::LrSchedule,
     pub estimator: Estimator,
     pub global_batch_size: usize,
     pub max_staleness: u64,
@@ -219,6 +200,7 @@ pub async fn lead(
     announce(&sources, &plan.run_id, meta.step, meta.groups_taken()).await?;
     let mut last_reconcile = std::time::Instant::now();
     let mut run_over = false;
+    let mut planned = None;
 
     while plan.max_steps == 0 || meta.step < plan.max_steps {
         // Form the next step.
@@ -306,9 +288,12 @@ pub async fn lead(
             let fraction = batch::check_sft_mask(&samples).map_err(Error::InvalidArgument)?;
             tracing::info!(step = meta.step + 1, trainable_fraction = fraction, "trajectory SFT batch");
         }
-        let command = Command::Step(samples.clone());
+        let lr =
+            plan.learning_rate * plan.lr_schedule.scale(meta.step, steps_planned(&mut planned, &plan, &sources).await?);
+        let command = Command::Step { samples: samples.clone(), lr };
         let (t, stats) = blocking(trainer, move |t| -> Result<StepStats, Error> {
             t.collective.broadcast(command.encode())?;
+            t.config.optimizer.lr = lr;
             Ok(t.step(&samples)?)
         })
         .await?;
@@ -385,8 +370,12 @@ pub async fn follow(trainer: Trainer, checkpoints: ObjectStore) -> Result<(), Er
         let (t, command) = blocking(trainer, |t| t.collective.broadcast(Vec::new())).await?;
         trainer = t;
         match Command::decode(&command?)? {
-            Command::Step(samples) => {
-                let (t, stats) = blocking(trainer, move |t| t.step(&samples)).await?;
+            Command::Step { samples, lr } => {
+                let (t, stats) = blocking(trainer, move |t| {
+                    t.config.optimizer.lr = lr;
+                    t.step(&samples)
+                })
+                .await?;
                 trainer = t;
                 stats?;
             }

@@ -299,6 +299,8 @@ pub async fn run(
                 Some(spec) => Some(std::sync::Arc::new(copying::Rehearsal::new(&model_dir, spec)?)),
                 None => None,
             },
+            learning_rate: config.learning_rate,
+            lr_schedule: config.lr_schedule,
             estimator,
             global_batch_size: config.global_batch_size as usize,
             max_staleness: config.max_staleness,

@@ -106,6 +106,14 @@ impl RunRecord {
         (run.status == RunStatus::Succeeded as i32 || all_out).then_some(progress.groups_published)
     }
 
+    /// The steps the run takes if every group it publishes trains: its
+    /// groups (tasks x epochs) in batches of `global_batch_size`; `None`
+    /// until the orchestrator has counted its tasks, or when it cannot be asked.
+    pub async fn steps_planned(&self, global_batch_size: usize) -> Option<u64> {
+        let groups = self.get("how many groups the run publishes").await?.progress?.groups_total;
+        (groups > 0).then(|| groups.div_ceil(global_batch_size.max(1) as u64))
+    }
+
     /// The version with the best validation score so far, if the run
     /// validates and has validated one.
     pub async fn best_version(&self) -> Option<u64> {
@@ -130,6 +138,7 @@ pub fn apply(config: &mut Config, spec: &RunSpec) -> Result<(), Error> {
             config.learning_rate = training.learning_rate;
         }
         config.kl_coef = training.kl_coef;
+        config.lr_schedule = training.lr_schedule.parse().map_err(|e| invalid(format!("spec.training.{e}")))?;
         if training.checkpoint_every > 0 {
             config.checkpoint_every = u64::from(training.checkpoint_every);
         }
@@ -167,6 +176,7 @@ pub fn apply(config: &mut Config, spec: &RunSpec) -> Result<(), Error> {
         advantage = %config.advantage,
         loss = %config.loss,
         learning_rate = config.learning_rate,
+        lr_schedule = ?config.lr_schedule,
         kl_coef = config.kl_coef,
         checkpoint_every = config.checkpoint_every,
         start_model = config.start_model_uri.as_deref().unwrap_or("SLEUTH_MODEL"),
@@ -205,6 +215,7 @@ mod tests {
                 eval_every: 0,
                 sft_min_reward: 0.5,
                 copy_rehearsal: 0,
+                lr_schedule: "cosine".into(),
             }),
             ..Default::default()
         };
@@ -212,6 +223,7 @@ mod tests {
         assert_eq!((config.global_batch_size, config.max_staleness, config.checkpoint_every), (3, 2, 7));
         assert_eq!((config.advantage.as_str(), config.loss.as_str()), ("rloo", "cispo"));
         assert_eq!((config.learning_rate, config.kl_coef), (3e-5, 0.01));
+        assert_eq!(config.lr_schedule, sleuth_metrics::schedule::LrSchedule::Cosine);
         assert_eq!(config.mode, crate::config::Mode::Rl, "no teacher: reinforcement learning");
 
         let taught = RunSpec {

@@ -204,7 +204,8 @@ fn a_fresh_policy_has_a_tokenizer_of_its_collection_and_loads_in_transformers() 
 
     // Copy rehearsal draws the same kind of conversations over the collection
     // for every SFT step: the same for a step whenever it is trained again
-    // (a resumed learner), others at the next, each teaching one tool call.
+    // (a resumed learner), others at the next, each teaching the writing of
+    // one tool call.
     let rehearsal = learner::copying::Rehearsal::new(
         &fresh_dir,
         &learner::copying::RehearsalSpec {
@@ -228,7 +229,9 @@ fn a_fresh_policy_has_a_tokenizer_of_its_collection_and_loads_in_transformers() 
         let taught: Vec<u32> =
             sample.tokens.iter().zip(&sample.mask).filter(|(_, m)| **m > 0.0).map(|(t, _)| *t as u32).collect();
         let reply = reply_tokenizer.decode(&taught, false).map_err(anyhow::Error::msg)?;
-        assert!(reply.starts_with("<tool_call>") && reply.contains("</tool_call>"), "{reply}");
+        // What to write, never which tool: that is the episodes' to teach.
+        assert!(reply.contains("\"arguments\"") && reply.contains("</tool_call>"), "{reply}");
+        assert!(!reply.contains("<tool_call>") && !reply.contains("_search") && !reply.contains("submit"), "{reply}");
     }
     let error = learner::copying::Rehearsal::new(
         &fresh_dir,

@@ -45,6 +45,7 @@ fn validate_training(training: &pb::TrainingSpec) -> Result<(), String> {
     use sleuth_metrics::policy_loss::PolicyLoss;
     training.advantage.parse::<Estimator>().map_err(|e| format!("spec.training.{e}"))?;
     training.loss.parse::<PolicyLoss>().map_err(|e| format!("spec.training.{e}"))?;
+    training.lr_schedule.parse::<sleuth_metrics::schedule::LrSchedule>().map_err(|e| format!("spec.training.{e}"))?;
     for (field, value) in [("learning_rate", training.learning_rate), ("kl_coef", training.kl_coef)] {
         if !(value.is_finite() && value >= 0.0) {
             return Err(format!("spec.training.{field} must be a finite number >= 0, got {value}"));
@@ -221,6 +222,9 @@ mod tests {
         assert!(training(|t| t.loss = "ppo2".into()).unwrap_err().contains("spec.training.loss \"ppo2\""));
         assert!(training(|t| t.advantage = "gae".into()).unwrap_err().contains("spec.training.advantage \"gae\""));
         assert!(training(|t| t.learning_rate = -1.0).unwrap_err().contains("spec.training.learning_rate"));
+        assert!(
+            training(|t| t.lr_schedule = "step".into()).unwrap_err().contains("spec.training.lr_schedule \"step\"")
+        );
         assert!(training(|t| t.kl_coef = f64::NAN).unwrap_err().contains("spec.training.kl_coef"));
     }
 
@@ -241,6 +245,7 @@ mod tests {
             let (learning_rate, kl_coef, sft_min_reward, checkpoint_every) = numbers;
             let copy_rehearsal = checkpoint_every * 700;
             let (advantage, loss, model_uri) = names;
+            let lr_schedule = if checkpoint_every == 1 { "cosine".to_owned() } else { advantage.clone() };
             let task_set = pb::TaskSet { source_uri: source, collection: "c".into(), split: "test".into(), limit: 0 };
             let spec = pb::RunSpec {
                 group_size: group_size % 70,
@@ -259,6 +264,7 @@ mod tests {
                     checkpoint_every,
                     eval_every,
                     copy_rehearsal,
+                    lr_schedule,
                 }),
                 reward: Some(pb::RewardSpec { name: String::new(), outcome_penalties: penalties.into_iter().collect() }),
                 ..Default::default()

@@ -218,15 +218,43 @@ pub(crate) fn conversation(source: &Source, task: Task, draw: &mut Draw) -> (Vec
     (messages, reply)
 }
 
+/// What a conversation's sample trains.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Teach {
+    /// The whole reply: which tool, and what to write in its call.
+    Reply,
+    /// Only what follows the tool's name: what to write once a tool is chosen.
+    Writing,
+}
+
 /// The `index`-th conversation of a step, in [`Task::MIX`]'s turn, as a
-/// sample with the loss on its reply.
+/// sample with the loss on what `teach` says of its reply.
 pub(crate) fn conversation_sample(
     source: &Source,
     renderer: &ReplyRenderer,
     index: usize,
     draw: &mut Draw,
+    teach: Teach,
 ) -> Result<Sample, Error> {
     let task = Task::MIX[index % Task::MIX.len()];
     let (messages, reply) = conversation(source, task, draw);
-    Ok(renderer.sample(&messages, &source.tools.schemas, &reply)?.sample)
+    let made = renderer.sample(&messages, &source.tools.schemas, &reply)?;
+    if teach == Teach::Reply {
+        return Ok(made.sample);
+    }
+    // The reply's tokens that spell it up to the end of the tool's name
+    // (as many as agree with the name's prefix encoded alone: a tokenizer
+    // may merge the name with what follows, which then stays trained).
+    let named = SEARCH_TOOLS
+        .into_iter()
+        .chain([SUBMIT_RANKING])
+        .filter_map(|name| reply.find(name).map(|at| at + name.len()))
+        .min()
+        .ok_or_else(|| Error::Train(format!("a rehearsed reply names no tool: {reply}")))?;
+    let choice = renderer.encode(&reply[..named])?;
+    let chosen = choice.iter().zip(&made.reply).take_while(|(a, b)| a == b).count();
+    let mut sample = made.sample;
+    let start = made.prompt.len();
+    sample.mask[start..start + chosen].iter_mut().for_each(|m| *m = 0.0);
+    Ok(sample)
 }

@@ -37,6 +37,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use sleuth_beir::{BadLines, BeirDir, BeirError, Document};
+use sleuth_metrics::schedule::LrSchedule;
 
 use crate::Error;
 use crate::reply::{ReplyRenderer, predict_reply, save_trained, sft_trainer};
@@ -47,7 +48,7 @@ mod conversation;
 mod rehearsal;
 
 pub use conversation::Task;
-use conversation::{Draw, Offered, Source, conversation, conversation_sample, repeated};
+use conversation::{Draw, Offered, Source, Teach, conversation, conversation_sample, repeated};
 pub use rehearsal::{Rehearsal, RehearsalSpec};
 /// Conversations per forward pass.
 const MICRO_BATCH: usize = 8;
@@ -149,24 +150,17 @@ pub fn copy_pretrain(
     let started = Instant::now();
     let mut draw = Draw::new(spec.seed);
     let mut loss = f64::NAN;
-    let warmup = (spec.steps / 20).max(1);
     let (exact, held_out_loss_at_start) = score(&trainer, &renderer, &scored, spec.seed)?;
     let mut report =
         CopyReport { loss, held_out_loss: held_out_loss_at_start, held_out_loss_at_start, exact, seconds: 0.0 };
     for step in 0..spec.steps {
-        let progress = step.saturating_sub(warmup) as f64 / (spec.steps - warmup).max(1) as f64;
-        let scale = if step < warmup {
-            (step + 1) as f64 / warmup as f64
-        } else {
-            0.1 + 0.45 * (1.0 + (std::f64::consts::PI * progress).cos())
-        };
-        trainer.config.optimizer.lr = spec.lr * scale;
+        trainer.config.optimizer.lr = spec.lr * LrSchedule::Cosine.scale(step as u64, spec.steps as u64);
         let mut samples = (0..spec.batch)
             .map(|i| {
                 if i % 2 == 0 {
                     return repeated(&trained, &renderer, &mut draw);
                 }
-                conversation_sample(&trained, &renderer, (step * spec.batch + i) / 2, &mut draw)
+                conversation_sample(&trained, &renderer, (step * spec.batch + i) / 2, &mut draw, Teach::Reply)
             })
             .collect::<Result<Vec<_>, _>>()?;
         // Micro-batches of like lengths pad little (conversations run from
