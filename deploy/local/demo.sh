@@ -15,5 +15,6 @@ bin="${CARGO_TARGET_DIR:?run through make demo}/debug"
 work="${SLEUTH_DEMO_WORK:-$(mktemp -d -t sleuth-demo-XXXXXX)}"
 mkdir -p "$work"
 "$bin/sleuth" data synth "$work/synth" --seed 1 --companies 200
-# One pass of teacher SFT: validation peaks within it (docs/learner.md).
-exec "$(dirname "$0")/train.sh" --source "$work/synth" --collection synth --work "$work" --sft-epochs 1 "$@"
+# Two passes of teacher SFT over half the train questions (the other half is
+# GRPO's): as many teacher episodes as one pass over them all.
+exec "$(dirname "$0")/train.sh" --source "$work/synth" --collection synth --work "$work" "$@"
