@@ -150,6 +150,7 @@ async fn an_sft_run_imitates_the_teachers_best_episodes_from_one_spec() -> Resul
             }),
             sampling: Some(sleuth_proto::common::v1::SamplingParams { seed: Some(5), ..Default::default() }),
             teacher: "mixture".into(),
+            tools: vec!["bm25_search".into()],
             ..Default::default()
         }),
         group_size: 2,
@@ -166,6 +167,7 @@ async fn an_sft_run_imitates_the_teachers_best_episodes_from_one_spec() -> Resul
         training: Some(rollout::TrainingSpec {
             learning_rate: 1e-3,
             lr_schedule: "cosine".into(),
+            copy_rehearsal: 4,
             checkpoint_every: 2,
             eval_every: 2,
             sft_min_reward: 0.5,
@@ -240,6 +242,10 @@ async fn an_sft_run_imitates_the_teachers_best_episodes_from_one_spec() -> Resul
     let loss = |i: usize| steps[i].1["loss"].as_f64().unwrap_or(f64::NAN);
     assert!(steps.len() >= 2, "{steps:?}");
     assert!(loss(steps.len() - 1) < loss(0), "the loss on the teacher's tokens falls: {steps:?}");
+    // Every step rehearsed 4 copy conversations read by the learner from
+    // train.source_uri beside at most 4 teacher episodes (2 groups of 2).
+    let sequences: Vec<f64> = steps.iter().filter_map(|(_, m)| m["sequences"].as_f64()).collect();
+    assert!(!sequences.is_empty() && sequences.iter().all(|n| *n >= 5.0), "sequences per step {sequences:?}");
     // The learning rate followed its cosine over the run's planned steps.
     let rates: Vec<f64> = steps.iter().filter_map(|(_, m)| m["learning_rate"].as_f64()).collect();
     let (peak, last) = (rates.iter().copied().fold(0.0, f64::max), rates.last().copied().unwrap_or_default());
