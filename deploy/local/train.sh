@@ -184,8 +184,9 @@ evaluate sft --agent-from sft
 # twentieth of SFT's: at 5e-4 the tiny policy stopped closing its replies
 # within four steps (every validation episode ran out of tokens); at 1e-4 it
 # stays well-formed. Groups of 8 at temperature 0.7, held near the SFT
-# policy by a KL term: at temperature 1 in groups of 4 its sampled bridges
-# were too often wrong, and it learnt to submit at once on every question.
+# policy by a KL term: the setting of the one run whose GRPO came back from
+# submitting at once on every question (in the demo it still does not;
+# docs/learner.md).
 spec grpo rl 8 "max_epochs: $grpo_epochs
 policy: {from_run: sft}
 agent:
