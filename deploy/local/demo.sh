@@ -4,7 +4,8 @@
 # no word with them, found only through a bridge named in another
 # document), then runs the whole recipe on it with train.sh: a fresh tiny
 # policy, teacher SFT, GRPO through the real services, and the test split's
-# table (BM25 on the question, the teacher, the base, SFT, GRPO).
+# table (BM25 and hybrid search on the question, the teacher, the base,
+# SFT, GRPO).
 #
 # Run through `make demo`, which builds first and sets CARGO_TARGET_DIR.
 #   SLEUTH_DEMO_BASE_PORT  first of the nine consecutive ports used (default 50051)
@@ -17,4 +18,4 @@ mkdir -p "$work"
 "$bin/sleuth" data synth "$work/synth" --seed 1 --companies 200
 # Two passes of teacher SFT over half the train questions (the other half is
 # GRPO's): as many teacher episodes as one pass over them all.
-exec "$(dirname "$0")/train.sh" --source "$work/synth" --collection synth --work "$work" "$@"
+exec "$(dirname "$0")/train.sh" --source "$work/synth" --collection synth --work "$work" --hybrid-row "$@"

@@ -2,7 +2,7 @@
 # Trains a search agent for a BEIR collection with the whole recipe on a
 # local mesh, and shows whether it got better:
 #
-#   1. index the collection (BM25; --vectors adds vector search);
+#   1. index the collection (BM25; --vectors or --hybrid-row add vector search);
 #   2. the base policy: --policy DIR, or a fresh tiny one made for the
 #      collection (`learner init-policy` with copy pre-training);
 #   3. start the mesh (Redis, orchestrator, agent worker, tool gateway,
@@ -28,6 +28,9 @@
 #   --policy DIR        start from this HF model directory (default: a fresh tiny policy)
 #   --work DIR          where everything goes (default: a new temporary directory)
 #   --vectors           index for vector search too (embeds every document: minutes)
+#                       and offer the agent vector_search
+#   --hybrid-row        index for vector search too, only for the table's hybrid
+#                       row (hybrid search on the question); the agent keeps BM25
 #   --copy-steps N      copy pre-training steps of the fresh policy (default 800)
 #   --train-limit N     train questions used (default 0: all)
 #   --eval-limit N      validation and test questions used (default 0: all)
@@ -41,16 +44,17 @@ set -euo pipefail
 mesh_name=train
 source "$(dirname "$0")/mesh.sh"
 
-source="" collection="" policy="" work="" vectors=0
+source="" collection="" policy="" work="" vectors=0 index_vectors=0
 copy_steps=800 train_limit=0 eval_limit=0 sft_epochs=2 grpo_epochs=2
-usage() { sed -n '2,36p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,39p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 while (($#)); do
   case "$1" in
     --source) source="$2"; shift 2 ;;
     --collection) collection="$2"; shift 2 ;;
     --policy) policy="$2"; shift 2 ;;
     --work) work="$2"; shift 2 ;;
-    --vectors) vectors=1; shift ;;
+    --vectors) vectors=1 index_vectors=1; shift ;;
+    --hybrid-row) index_vectors=1; shift ;;
     --copy-steps) copy_steps="$2"; shift 2 ;;
     --train-limit) train_limit="$2"; shift 2 ;;
     --eval-limit) eval_limit="$2"; shift 2 ;;
@@ -92,7 +96,7 @@ fi
 
 say "[$(elapsed)] indexing $source as $collection"
 index_flags=()
-((vectors)) && index_flags+=(--vectors)
+((index_vectors)) && index_flags+=(--vectors)
 "$bin/tool-gateway" index --source "$source" --out "$work/index" --name "$collection" "${index_flags[@]}"
 
 if [[ -z "$policy" ]]; then
@@ -172,7 +176,7 @@ train sft "$(tail -n 8 "$work/sft.yaml")"
 
 # Every policy row runs with the SFT run's agent settings, greedy.
 evaluate bm25 --contender bm25
-((vectors)) && evaluate hybrid --contender hybrid
+((index_vectors)) && evaluate hybrid --contender hybrid
 evaluate teacher --teacher mixture --agent-from sft
 serve "$policy"
 evaluate base --agent-from sft
