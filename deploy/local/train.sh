@@ -46,7 +46,7 @@ source "$(dirname "$0")/mesh.sh"
 
 source="" collection="" policy="" work="" vectors=0 index_vectors=0
 copy_steps=800 train_limit=0 eval_limit=0 sft_epochs=2 grpo_epochs=2
-usage() { sed -n '2,39p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,41p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 while (($#)); do
   case "$1" in
     --source) source="$2"; shift 2 ;;
@@ -192,7 +192,7 @@ evaluate sft --agent-from sft
 # policy first drifts to submitting at once (on product questions that is
 # worth 0.97 against 0.47 for a bridge, the largest margin in the batch); at
 # `kl_coef: 0.05` it stayed there for good, at 0.3 the pull back to SFT's
-# bridges on the questions that need them wins within an epoch, and the
+# bridges on the questions that need them wins after about an epoch, and the
 # policy learns to submit at once only where that pays (docs/learner.md).
 spec grpo rl 8 "max_epochs: $grpo_epochs
 policy: {from_run: sft}
