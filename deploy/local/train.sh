@@ -191,9 +191,10 @@ evaluate sft --agent-from sft
 # policy is the anchor that lets GRPO learn when to follow a bridge: every
 # policy first drifts to submitting at once (on product questions that is
 # worth 0.97 against 0.47 for a bridge, the largest margin in the batch); at
-# `kl_coef: 0.05` it stayed there for good, at 0.3 the pull back to SFT's
-# bridges on the questions that need them wins after about an epoch, and the
-# policy learns to submit at once only where that pays (docs/learner.md).
+# `kl_coef: 0.05` it stayed there for good; at 0.3 the pull back to SFT's
+# bridges on the questions that need them won after about an epoch in one
+# demo (the policy learnt to submit at once only where that pays) and not in
+# the next, whose SFT bridges paid less (docs/learner.md).
 spec grpo rl 8 "max_epochs: $grpo_epochs
 policy: {from_run: sft}
 agent:
