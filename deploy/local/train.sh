@@ -192,9 +192,9 @@ evaluate sft --agent-from sft
 # policy first drifts to submitting at once (on product questions that is
 # worth 0.97 against 0.47 for a bridge, the largest margin in the batch); at
 # `kl_coef: 0.05` it stayed there for good; at 0.3 the pull back to SFT's
-# bridges on the questions that need them won after about an epoch in one
-# demo (the policy learnt to submit at once only where that pays) and not in
-# the next, whose SFT bridges paid less (docs/learner.md).
+# bridges on the questions that need them won in one demo and not in the
+# next, whose SFT bridges paid less; at 1.0 GRPO from that weaker SFT policy
+# learnt to submit at once only where that pays (docs/learner.md).
 spec grpo rl 8 "max_epochs: $grpo_epochs
 policy: {from_run: sft}
 agent:
@@ -202,7 +202,7 @@ agent:
   tools: [$tools]
   opening_search: bm25_search
   sampling: {temperature: 0.7, seed: 2}
-training: {advantage: grpo, loss: ppo, learning_rate: 1.0e-4, kl_coef: 0.3, checkpoint_every: 5, eval_every: 5}"
+training: {advantage: grpo, loss: ppo, learning_rate: 1.0e-4, kl_coef: 1.0, checkpoint_every: 5, eval_every: 5}"
 train grpo "$(tail -n 7 "$work/grpo.yaml")"
 grpo="$("$bin/learner" best-policy grpo)"
 serve "$grpo"
