@@ -101,6 +101,16 @@ pub fn validate(spec: &pb::RunSpec) -> Result<(), String> {
         if rehearsal > MAX_COPY_REHEARSAL {
             return Err(format!("spec.training.copy_rehearsal must be at most {MAX_COPY_REHEARSAL}, got {rehearsal}"));
         }
+        // Rehearsed conversations offer the tools the episodes offer, so the
+        // learner needs them named (an empty list means "whatever the
+        // gateway has", which the learner cannot know).
+        let tools = spec.agent.as_ref().map(|a| a.tools.as_slice()).unwrap_or_default();
+        if !tools.iter().any(|t| sleuth_chat::tools::SEARCH_TOOLS.contains(&t.as_str())) {
+            return Err(format!(
+                "spec.training.copy_rehearsal {rehearsal} needs spec.agent.tools to name a search tool ({}), got {tools:?}",
+                sleuth_chat::tools::SEARCH_TOOLS.join(", ")
+            ));
+        }
     }
     if let Some(policy) = spec.policy.as_ref().filter(|p| !p.from_run.is_empty()) {
         if !policy.model_uri.is_empty() {
@@ -163,6 +173,8 @@ mod tests {
         assert!(error.contains("spec.training.copy_rehearsal 16 applies to trajectory SFT"), "{error}");
         let error = validate(&rehearsing("mixture", 5000)).unwrap_err();
         assert!(error.contains("spec.training.copy_rehearsal must be at most 1024, got 5000"), "{error}");
+        let error = validate(&rehearsing("mixture", 16)).unwrap_err();
+        assert!(error.contains("copy_rehearsal 16 needs spec.agent.tools to name a search tool"), "{error}");
     }
 
     #[test]
