@@ -194,7 +194,8 @@ evaluate sft --agent-from sft
 # `kl_coef: 0.05` it stayed there for good; at 0.3 the pull back to SFT's
 # bridges on the questions that need them won in one demo and not in the
 # next, whose SFT bridges paid less; at 1.0 GRPO from that weaker SFT policy
-# learnt to submit at once only where that pays (docs/learner.md).
+# learnt to submit at once only where that pays, and so did both demos since
+# (docs/learner.md).
 spec grpo rl 8 "max_epochs: $grpo_epochs
 policy: {from_run: sft}
 agent:
