@@ -14,6 +14,7 @@ pub mod fault;
 pub mod health;
 pub mod metrics;
 pub mod names;
+pub mod pause;
 pub mod seed;
 pub mod serve;
 pub mod shutdown;

@@ -175,9 +175,18 @@ impl RolloutOrchestrator for Handlers {
                     "run {run_id:?} failed with another spec; resume it with the same spec, or create a new run"
                 )));
             }
-            self.runner.state.set_status(&run_id, pb::RunStatus::Running, "").await.map_err(internal)?;
-            tracing::info!(run = %run_id, reason = %existing.status_detail, "failed run resumed");
-            self.runner.start(run_id.clone(), spec);
+            // Only the caller that moves it out of Failed drives it: two
+            // resumes at once must not start two drivers.
+            if self
+                .runner
+                .state
+                .transition(&run_id, pb::RunStatus::Failed, pb::RunStatus::Running, "")
+                .await
+                .map_err(internal)?
+            {
+                tracing::info!(run = %run_id, reason = %existing.status_detail, "failed run resumed");
+                self.runner.start(run_id.clone(), spec);
+            }
         }
         Ok(Response::new(self.load(&run_id).await?))
     }
@@ -210,11 +219,19 @@ impl RolloutOrchestrator for Handlers {
 
     async fn cancel_run(&self, request: Request<pb::CancelRunRequest>) -> Result<Response<pb::Run>, Status> {
         let request = request.into_inner();
-        let run = self.load(&request.run_id).await?;
-        if run.status == pb::RunStatus::Running as i32 {
+        self.load(&request.run_id).await?;
+        let reason = if request.reason.is_empty() { "cancelled" } else { request.reason.as_str() };
+        // Recorded first, then the driver told: a run that ended meanwhile
+        // keeps the end it recorded.
+        let running = pb::RunStatus::Running;
+        if self
+            .runner
+            .state
+            .transition(&request.run_id, running, pb::RunStatus::Cancelled, reason)
+            .await
+            .map_err(internal)?
+        {
             self.runner.cancel(&request.run_id);
-            let reason = if request.reason.is_empty() { "cancelled" } else { request.reason.as_str() };
-            self.runner.state.set_status(&request.run_id, pb::RunStatus::Cancelled, reason).await.map_err(internal)?;
         }
         Ok(Response::new(self.load(&request.run_id).await?))
     }

@@ -58,10 +58,13 @@ fn episode_config(spec: &RunSpec, group_id: &str, sample: u32) -> Option<AgentCo
     Some(config)
 }
 
-/// A run being driven by this orchestrator.
+/// A run being driven by this orchestrator: what this process is doing for
+/// it now. The run's status, the reason for it and its counts are in its
+/// record (`State`), never here, so that no reader mixes the two.
 pub struct Live {
-    pub progress: RunProgress,
-    pub status: RunStatus,
+    /// The epoch being started, the learner's version and the episodes in
+    /// flight (the record's counters are left at zero here).
+    pub activity: RunProgress,
     cancel: watch::Sender<bool>,
     /// Finished episodes, for WatchRun subscribers.
     pub episodes: tokio::sync::broadcast::Sender<EpisodeSummary>,
@@ -109,24 +112,30 @@ impl Runner {
             .map_err(|error| format!("{what}: {error} (retried for {:?})", self.patience))
     }
 
-    pub fn progress(&self, run_id: &str) -> Option<(RunProgress, RunStatus)> {
-        self.live.lock().expect("live").get(run_id).map(|l| (l.progress, l.status))
+    /// Adds what this process is doing for `run` (epoch, learner version,
+    /// episodes in flight) to the progress its record holds; a run this
+    /// process does not drive keeps its record's.
+    pub fn add_activity(&self, run: &mut Run) {
+        if let Some(live) = self.live.lock().expect("live").get(&run.run_id) {
+            let progress = run.progress.get_or_insert_with(RunProgress::default);
+            progress.epoch = live.activity.epoch;
+            progress.step = live.activity.step;
+            progress.policy_version = live.activity.policy_version;
+            progress.episodes_in_flight = live.activity.episodes_in_flight;
+        }
     }
 
-    /// The run as GetRun answers it: its record, validations with the best
-    /// version, training statistics per version and, while this process
-    /// drives it, its live progress; None when there is no such run.
+    /// The run as GetRun answers it: its record (status, reason and counts
+    /// read together), validations with the best version, training
+    /// statistics per version and what this process is doing for it; None
+    /// when there is no such run.
     pub async fn describe(&self, run_id: &str) -> Result<Option<Run>, StoreError> {
         let Some(mut run) = self.state.run(run_id).await? else { return Ok(None) };
+        sleuth_kit::pause::point("orchestrator.run-read").await;
         run.validations = self.state.validations(run_id).await?;
         run.best_version = crate::validate::best(&run.validations).unwrap_or_default();
         run.training = self.state.training_stats(run_id).await?;
-        if let Some((progress, status)) = self.progress(run_id) {
-            run.progress = Some(progress);
-            if status != RunStatus::Running && run.status == RunStatus::Running as i32 {
-                run.status = status as i32;
-            }
-        }
+        self.add_activity(&mut run);
         Ok(Some(run))
     }
 
@@ -141,7 +150,7 @@ impl Runner {
 
     fn update(&self, run_id: &str, f: impl FnOnce(&mut RunProgress)) {
         if let Some(live) = self.live.lock().expect("live").get_mut(run_id) {
-            f(&mut live.progress);
+            f(&mut live.activity);
         }
     }
 
@@ -149,10 +158,10 @@ impl Runner {
     pub fn start(&self, run_id: String, spec: RunSpec) {
         let (cancel, cancelled) = watch::channel(false);
         let (episodes, _) = tokio::sync::broadcast::channel(256);
-        self.live.lock().expect("live").insert(
-            run_id.clone(),
-            Live { progress: RunProgress::default(), status: RunStatus::Running, cancel, episodes },
-        );
+        self.live
+            .lock()
+            .expect("live")
+            .insert(run_id.clone(), Live { activity: RunProgress::default(), cancel, episodes });
         let runner = self.clone();
         tokio::spawn(async move {
             let result = runner.drive(&run_id, &spec, cancelled.clone()).await;
@@ -164,15 +173,20 @@ impl Runner {
                     (RunStatus::Failed, error)
                 }
             };
-            // A cancelled run's status was recorded by CancelRun, with its reason.
-            if status != RunStatus::Cancelled
-                && let Err(error) = runner.state.set_status(&run_id, status, &detail).await
-            {
-                tracing::error!(run = %run_id, %error, "cannot record the run's end");
+            // Nothing is in flight any more. Forgotten before the end is
+            // recorded: a resume (which needs the end recorded) then starts
+            // with a new entry that this one can no longer remove.
+            runner.live.lock().expect("live").remove(&run_id);
+            // A cancelled run's status was recorded by CancelRun, with its
+            // reason; the update only moves a running run, so an end racing
+            // a cancel records one of them, never both.
+            if status != RunStatus::Cancelled {
+                let end = || runner.state.transition(&run_id, RunStatus::Running, status, &detail);
+                if let Err(error) = runner.durable("recording the run's end", end).await {
+                    tracing::error!(run = %run_id, %error, "cannot record the run's end");
+                }
             }
-            if let Some(live) = runner.live.lock().expect("live").get_mut(&run_id) {
-                live.status = status;
-            }
+            sleuth_kit::pause::point("orchestrator.run-ended").await;
             tracing::info!(run = %run_id, ?status, "run ended");
         });
     }
@@ -192,10 +206,7 @@ impl Runner {
             .await?
             .into_iter()
             .collect();
-        self.update(run_id, |p| {
-            p.groups_total = groups_total;
-            p.groups_published = known.len() as u64;
-        });
+        self.durable("recording the run's size", || self.state.set_groups_total(run_id, groups_total)).await?;
         // A run with a start model of its own (a model, or another run's
         // policy) samples nothing before the learner has published it
         // (version 1): version 0 is whatever model the policy servers started with.
@@ -234,7 +245,6 @@ impl Runner {
                     // Published before a crash, not yet recorded: record, never republish.
                     self.durable("recording a group", || self.state.record_group(run_id, &group_id, "", 0.0, 0, None))
                         .await?;
-                    self.update(run_id, |p| p.groups_published += 1);
                     continue;
                 }
                 let version = loop {
@@ -353,8 +363,7 @@ impl Runner {
                 trace_id: episode.trace_id.clone(),
             };
             self.durable("recording an episode", || self.state.record_episode(run_id, &group_id, &summary)).await?;
-            if let Some(live) = self.live.lock().expect("live").get_mut(run_id) {
-                live.progress.episodes_finished += 1;
+            if let Some(live) = self.live.lock().expect("live").get(run_id) {
                 let _ = live.episodes.send(summary);
             }
         }
@@ -377,7 +386,6 @@ impl Runner {
             self.state.record_group(run_id, &group_id, &stream_id, reward_mean, version, Some(&encoded))
         })
         .await?;
-        self.update(run_id, |p| p.groups_published += 1);
         tracing::info!(run = %run_id, group = %group_id, reward_mean, "group published");
         Ok(())
     }

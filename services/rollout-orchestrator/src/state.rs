@@ -1,11 +1,11 @@
 //! Run state in SQL (SQLite by default, PostgreSQL when configured; the same
-//! DDL serves both): runs with their specs and status, published groups,
+//! DDL serves both): runs with their specs, status and progress, published groups,
 //! per-episode summaries and validations. The tables are made by the
 //! store's migrations (`sleuth_store::sql::MIGRATOR`).
 
 use prost::Message;
 use sleuth_proto::common::v1::{EpisodeOutcome, TrajectoryGroup};
-use sleuth_proto::rollout::v1::{EpisodeSummary, Run, RunSpec, RunStatus, Validation, VersionStats};
+use sleuth_proto::rollout::v1::{EpisodeSummary, Run, RunProgress, RunSpec, RunStatus, Validation, VersionStats};
 use sleuth_store::{Database, StoreError};
 use sqlx::Row;
 
@@ -19,6 +19,15 @@ fn hex(bytes: &[u8]) -> String {
 
 fn unhex(text: &str) -> Vec<u8> {
     (0..text.len() / 2).filter_map(|i| u8::from_str_radix(&text[2 * i..2 * i + 2], 16).ok()).collect()
+}
+
+/// The progress counters a run's record keeps.
+#[derive(Clone, Copy)]
+enum Counter {
+    /// Groups published (`runs.groups_published`).
+    Groups,
+    /// Episodes recorded (`runs.episodes_finished`).
+    Episodes,
 }
 
 #[derive(Clone)]
@@ -57,11 +66,37 @@ impl State {
         Ok(result.rows_affected() == 1)
     }
 
-    pub async fn set_status(&self, run_id: &str, status: RunStatus, detail: &str) -> Result<(), StoreError> {
-        sqlx::query("UPDATE runs SET status = $1, detail = $2, updated_unix = $3 WHERE run_id = $4")
-            .bind(status as i32)
-            .bind(detail)
-            .bind(now())
+    /// Moves `run_id` from `from` to `to` with `detail` as the reason, in one
+    /// conditional update; false when the run is not in `from` (it ended, or
+    /// another caller moved it first). Every status change goes through
+    /// here, so two callers racing (a run ending as it is cancelled, two
+    /// resumes of one failed run) cannot both win.
+    pub async fn transition(
+        &self,
+        run_id: &str,
+        from: RunStatus,
+        to: RunStatus,
+        detail: &str,
+    ) -> Result<bool, StoreError> {
+        let result = sqlx::query(
+            "UPDATE runs SET status = $1, detail = $2, updated_unix = $3 WHERE run_id = $4 AND status = $5",
+        )
+        .bind(to as i32)
+        .bind(detail)
+        .bind(now())
+        .bind(run_id)
+        .bind(from as i32)
+        .execute(self.db.pool())
+        .await
+        .map_err(|e| self.error(e))?;
+        Ok(result.rows_affected() == 1)
+    }
+
+    /// Records how many groups `run_id` publishes in all (tasks x epochs),
+    /// counted when the run is driven.
+    pub async fn set_groups_total(&self, run_id: &str, total: u64) -> Result<(), StoreError> {
+        sqlx::query("UPDATE runs SET groups_total = $1 WHERE run_id = $2")
+            .bind(total as i64)
             .bind(run_id)
             .execute(self.db.pool())
             .await
@@ -74,6 +109,15 @@ impl State {
         let created: i64 = row.try_get("created_unix")?;
         let updated: i64 = row.try_get("updated_unix")?;
         let run_id: String = row.try_get("run_id")?;
+        let count = |column: &str| row.try_get::<i64, _>(column).map(|n| n.max(0) as u64);
+        // What this process is doing now (epoch, episodes in flight, the
+        // learner's version) is added by the runner driving the run.
+        let progress = RunProgress {
+            groups_total: count("groups_total")?,
+            groups_published: count("groups_published")?,
+            episodes_finished: count("episodes_finished")?,
+            ..Default::default()
+        };
         Ok(Run {
             stream_key: sleuth_store::trajectories::stream_key(&run_id),
             run_id,
@@ -82,8 +126,7 @@ impl State {
             status_detail: row.try_get("detail")?,
             created_at: Some(prost_types::Timestamp { seconds: created, nanos: 0 }),
             updated_at: Some(prost_types::Timestamp { seconds: updated, nanos: 0 }),
-            // Filled in by the handler that serves the run.
-            progress: None,
+            progress: Some(progress),
             validations: Vec::new(),
             best_version: 0,
             training: Vec::new(),
@@ -121,8 +164,9 @@ impl State {
     }
 
     /// Records a published group, with its trajectories (the encoded
-    /// `TrajectoryGroup`) when known: a group found published after a crash
-    /// is recorded without them.
+    /// `TrajectoryGroup`) when known (a group found published after a crash
+    /// is recorded without them), and counts it in the run's record, in one
+    /// transaction; a repeat changes nothing.
     pub async fn record_group(
         &self,
         run_id: &str,
@@ -132,7 +176,8 @@ impl State {
         version: u64,
         trajectories: Option<&[u8]>,
     ) -> Result<(), StoreError> {
-        sqlx::query(
+        let mut transaction = self.db.pool().begin().await.map_err(|e| self.error(e))?;
+        let inserted = sqlx::query(
             "INSERT INTO run_groups (run_id, group_id, stream_id, reward_mean, policy_version, trajectory)
              VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (run_id, group_id) DO NOTHING",
         )
@@ -142,9 +187,31 @@ impl State {
         .bind(reward_mean)
         .bind(version as i64)
         .bind(trajectories)
-        .execute(self.db.pool())
+        .execute(&mut *transaction)
         .await
         .map_err(|e| self.error(e))?;
+        if inserted.rows_affected() == 1 {
+            Self::count_in_record(&mut transaction, run_id, Counter::Groups).await.map_err(|e| self.error(e))?;
+        }
+        transaction.commit().await.map_err(|e| self.error(e))
+    }
+
+    /// Adds one to a progress counter of `run_id`'s record, inside the
+    /// transaction that records what it counts.
+    async fn count_in_record(
+        transaction: &mut sqlx::Transaction<'_, sqlx::Any>,
+        run_id: &str,
+        counter: Counter,
+    ) -> Result<(), sqlx::Error> {
+        let update = match counter {
+            Counter::Groups => {
+                "UPDATE runs SET groups_published = groups_published + 1, updated_unix = $1 WHERE run_id = $2"
+            }
+            Counter::Episodes => {
+                "UPDATE runs SET episodes_finished = episodes_finished + 1, updated_unix = $1 WHERE run_id = $2"
+            }
+        };
+        sqlx::query(update).bind(now()).bind(run_id).execute(&mut **transaction).await?;
         Ok(())
     }
 
@@ -182,8 +249,9 @@ impl State {
         rows.iter().map(|r| r.try_get::<String, _>("group_id").map_err(|e| self.error(e))).collect()
     }
 
-    /// Records an episode's summary and adds it to its version's sums
-    /// ([`State::outcomes`]), in one transaction; a repeat changes nothing.
+    /// Records an episode's summary, adds it to its version's sums
+    /// ([`State::outcomes`]) and counts it in the run's record, in one
+    /// transaction; a repeat changes nothing.
     pub async fn record_episode(
         &self,
         run_id: &str,
@@ -231,6 +299,7 @@ impl State {
             .execute(&mut *transaction)
             .await
             .map_err(|e| self.error(e))?;
+            Self::count_in_record(&mut transaction, run_id, Counter::Episodes).await.map_err(|e| self.error(e))?;
         }
         transaction.commit().await.map_err(|e| self.error(e))
     }

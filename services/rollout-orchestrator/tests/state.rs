@@ -19,7 +19,11 @@ async fn exercise(database: Database) -> Result<()> {
     let run = state.run("r1").await?.expect("r1");
     assert_eq!((run.status, run.spec.map(|s| s.group_size)), (RunStatus::Running as i32, Some(4)));
     assert_eq!(run.stream_key, "sleuth:run:r1:groups");
-    state.set_status("r2", RunStatus::Cancelled, "by test").await?;
+    assert!(state.transition("r2", RunStatus::Running, RunStatus::Cancelled, "by test").await?);
+    assert!(
+        !state.transition("r2", RunStatus::Running, RunStatus::Succeeded, "").await?,
+        "only a running run ends: the cancellation stays"
+    );
     let unfinished: Vec<String> = state.unfinished().await?.into_iter().map(|r| r.run_id).collect();
     assert_eq!(unfinished, ["r1"]);
     assert_eq!(state.run("r2").await?.expect("r2").status_detail, "by test");
@@ -37,6 +41,9 @@ async fn exercise(database: Database) -> Result<()> {
     state.record_group("r1", "e0-q1", "1-0", 0.5, 3, Some(&encoded)).await?;
     state.record_group("r1", "e0-q1", "1-0", 0.5, 3, Some(&encoded)).await?;
     state.record_group("r1", "e0-q2", "", 0.0, 0, None).await?; // found published after a crash
+    state.set_groups_total("r1", 6).await?;
+    let progress = state.run("r1").await?.and_then(|r| r.progress).expect("progress");
+    assert_eq!((progress.groups_published, progress.groups_total), (2, 6), "a repeated group is counted once");
     let mut published = state.published_groups("r1").await?;
     published.sort();
     assert_eq!(published, ["e0-q1", "e0-q2"]);
@@ -48,6 +55,7 @@ async fn exercise(database: Database) -> Result<()> {
     state.record_episode("r1", "e0-q1", &summary).await?;
     let stats = state.training_stats("r1").await?;
     assert_eq!((stats.len(), stats[0].episodes, stats[0].reward_mean), (1, 1, 0.5), "a repeat is counted once");
+    assert_eq!(state.run("r1").await?.and_then(|r| r.progress).map(|p| p.episodes_finished), Some(1));
     assert!(state.run("missing").await?.is_none());
     Ok(())
 }
@@ -97,6 +105,8 @@ async fn upgrade(database: Database) -> Result<()> {
     assert_eq!((kept[0].episode_id.as_str(), kept[0].reward, kept[0].turns), ("old-e0-q1-0", 0.75, 3));
     assert_eq!(kept[0].metrics["ndcg@10"], 0.5);
     assert_eq!(kept[0].trace_id, "", "episodes from before traces name none");
+    let progress = old.progress.expect("the record holds progress");
+    assert_eq!((progress.episodes_finished, progress.groups_published), (1, 0), "counted from the rows kept");
     let stats = state.training_stats("old").await?;
     assert_eq!(
         (stats.len(), stats[0].version, stats[0].episodes),

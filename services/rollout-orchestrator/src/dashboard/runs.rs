@@ -37,13 +37,14 @@ fn time(at: Option<&prost_types::Timestamp>) -> String {
 /// `GET /`: every run, newest first.
 pub async fn list(State(dashboard): State<Dashboard>, Query(paging): Query<Paging>) -> Result<Html<String>, PageError> {
     let page_no = paging.page.unwrap_or(0);
-    let runs = dashboard.runner.state.runs((page_no * PAGE) as i64, PAGE as i64 + 1).await?;
+    let mut runs = dashboard.runner.state.runs((page_no * PAGE) as i64, PAGE as i64 + 1).await?;
     let mut body = String::from(
         "<h1>Runs</h1><table><tr><th>run</th><th>name</th><th>status</th><th>groups</th><th>episodes</th>\
          <th>learner version</th><th>created</th><th>updated</th><th>detail</th></tr>",
     );
-    for run in runs.iter().take(PAGE as usize) {
-        let progress = dashboard.runner.progress(&run.run_id).map(|(p, _)| p);
+    for run in runs.iter_mut().take(PAGE as usize) {
+        dashboard.runner.add_activity(run);
+        let progress = run.progress;
         let cell =
             |f: fn(&sleuth_proto::rollout::v1::RunProgress) -> String| progress.as_ref().map_or_else(String::new, f);
         let _ = write!(
@@ -62,7 +63,7 @@ pub async fn list(State(dashboard): State<Dashboard>, Query(paging): Query<Pagin
             escape(&run.status_detail),
         );
     }
-    body.push_str("</table><p>Progress shows for the runs this orchestrator is driving.</p>");
+    body.push_str("</table>");
     body.push_str(&pager(page_no, runs.len() as u64 > PAGE, |n| format!("/?page={n}")));
     Ok(page("Runs", &body))
 }
@@ -133,13 +134,7 @@ pub async fn show(
 ) -> Result<Html<String>, PageError> {
     let state = &dashboard.runner.state;
     let mut run = state.run(&run_id).await?.ok_or_else(|| PageError::NotFound(format!("no run {run_id:?}")))?;
-    let live = dashboard.runner.progress(&run_id);
-    if let Some((_, live_status)) = live
-        && live_status != RunStatus::Running
-        && run.status == RunStatus::Running as i32
-    {
-        run.status = live_status as i32;
-    }
+    dashboard.runner.add_activity(&mut run);
     let validations = state.validations(&run_id).await?;
     let best = crate::validate::best(&validations);
     let (counts, steps, staleness) = (
@@ -198,7 +193,7 @@ pub async fn show(
     if !run.status_detail.is_empty() {
         let _ = write!(body, " ({})", escape(&run.status_detail));
     }
-    if let Some((progress, _)) = &live {
+    if let Some(progress) = &run.progress {
         let _ = write!(
             body,
             " · epoch {} · groups {}/{} · episodes {} ({} in flight) · learner version {}",
