@@ -5,6 +5,7 @@
 #   make tour   start the whole mesh locally, show it healthy, stop it
 #   make test   build and run every test (real Redis, PostgreSQL, S3, libtorch)
 #   make lint   rustfmt check + clippy with warnings as errors
+#   make stress the fault, restart and resume tests 20 times, idle and loaded
 #
 # The venv (libtorch) and the cargo build cache live outside the checkout,
 # under $(SLEUTH_CACHE), so fresh clones build incrementally.
@@ -25,7 +26,7 @@ export PATH := $(VENV)/bin:$(SLEUTH_CACHE)/bin:$(PATH)
 TORCH_LIB = $(shell ls -d $(VENV)/lib/python3*/site-packages/torch/lib 2>/dev/null | head -n 1)
 export RUSTFLAGS = -C link-arg=-Wl,-rpath,$(TORCH_LIB)
 
-.PHONY: setup build test-fixtures test lint demo train tour bench gpu-check proto env clean-cache
+.PHONY: setup build test-fixtures test stress lint demo train tour bench gpu-check proto env clean-cache
 
 setup:
 	@deploy/local/setup.sh
@@ -45,6 +46,12 @@ test-fixtures: build
 # instead of spinning while they wait leave the cores to the other processes.
 test: test-fixtures
 	OMP_WAIT_POLICY=passive cargo nextest run --workspace --profile ci
+
+# Races one run misses: the fault, restart and resume tests STRESS_RUNS
+# times (default 20) on an idle machine, then beside a CPU hog on every core;
+# prints how many runs of each passed. Hours, so not part of `make test`.
+stress: test-fixtures
+	OMP_WAIT_POLICY=passive deploy/local/stress.sh
 
 lint: setup
 	cargo fmt --all --check
