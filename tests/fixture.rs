@@ -209,7 +209,8 @@ pub struct Policies {
     pub mixed: PathBuf,
 }
 
-const IMPRINTS: [(&str, &[&str]); 4] =
+/// The imprinted policies, by name, with the replies each is imprinted with.
+pub const IMPRINTS: [(&str, &[&str]); 4] =
     [("searcher", &[SEARCH]), ("submitter", &[SUBMIT]), ("malformed", &[MALFORMED]), ("mixed", &MIXED)];
 
 /// The weather collection indexed under `scratch`, and the imprinted policies.
@@ -225,21 +226,25 @@ pub async fn policies(scratch: &Path) -> Result<Policies> {
     })
 }
 
-/// Builds the policies [`policies`] looks up, reporting each on stderr.
-pub async fn prepare_policies() -> Result<()> {
-    let smollm2 = sleuth_testkit::smollm2()?;
+/// The tools every imprinted policy is made for: the weather collection's,
+/// as the agent offers them (a tool gateway is started to list them).
+pub async fn imprint_tools() -> Result<Vec<serde_json::Value>> {
     let scratch = tempfile::tempdir()?;
-    let tools = weather_tools(&weather(scratch.path())?).await?;
-    for (name, replies) in IMPRINTS {
-        if let Ok(dir) = imprinted(replies, &tools) {
-            eprintln!("fixtures: imprinted {name} policy cached: {}", dir.display());
-            continue;
-        }
-        let started = std::time::Instant::now();
-        eprintln!("fixtures: imprinting the {name} policy (a few minutes on 2 cores) ...");
-        let dir = imprint_cached(&smollm2, replies, &tools)?;
-        eprintln!("fixtures: imprinted {name} policy in {:.0}s: {}", started.elapsed().as_secs_f64(), dir.display());
+    weather_tools(&weather(scratch.path())?).await
+}
+
+/// Makes the imprinted policy `name` (one of [`IMPRINTS`]) for `tools` unless
+/// it is cached, reporting on stderr.
+pub fn prepare_policy(name: &str, replies: &[&str], tools: &[serde_json::Value]) -> Result<()> {
+    if let Ok(dir) = imprinted(replies, tools) {
+        eprintln!("fixtures: imprinted {name} policy cached: {}", dir.display());
+        return Ok(());
     }
+    let smollm2 = sleuth_testkit::smollm2()?;
+    let started = std::time::Instant::now();
+    eprintln!("fixtures: imprinting the {name} policy ...");
+    let dir = imprint_cached(&smollm2, replies, tools)?;
+    eprintln!("fixtures: imprinted {name} policy in {:.0}s: {}", started.elapsed().as_secs_f64(), dir.display());
     Ok(())
 }
 
