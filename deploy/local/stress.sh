@@ -71,7 +71,8 @@ for mode in $modes; do
         failed[$key]=$((${failed[$key]:-0} + 1))
       fi
       seen=$((seen + 1))
-    done < <(sed -E 's/\x1b\[[0-9;]*m//g' "$log" |
+    # Up to the summary, which repeats the failures.
+    done < <(sed -E 's/\x1b\[[0-9;]*m//g' "$log" | sed -E '/^ *Summary \[/q' |
       sed -nE 's/^ *(PASS|FAIL|TIMEOUT|SIGSEGV|SIGABRT|SIGKILL|ABORT) +\[[^]]*\] +(\([^)]*\) +)?([^ ]+ [^ ]+)$/\1 \3/p')
     if [ "$seen" != "${#tests[@]}" ]; then
       say "$mode run $run/$runs: $seen of ${#tests[@]} tests reported an outcome (log $log)"
