@@ -58,7 +58,9 @@ fn main() -> Result<()> {
     std::thread::scope(|scope| {
         for _ in 0..workers {
             scope.spawn(|| {
-                while let Some(job) = queue.lock().expect("queue").pop_front() {
+                loop {
+                    // Taken in a statement of its own: the queue is not locked while the job runs.
+                    let Some(job) = queue.lock().expect("queue").pop_front() else { break };
                     if let Err(error) = (job.make)() {
                         eprintln!("fixtures: {} failed: {error:#}", job.name);
                         failures.lock().expect("failures").push(format!("{}: {error:#}", job.name));
