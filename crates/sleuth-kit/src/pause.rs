@@ -35,7 +35,7 @@ pub async fn point(name: &str) {
     let Some(gate) = gate else { return };
     let mut released = gate.released.subscribe();
     gate.reached.send_modify(|count| *count += 1);
-    // Released, or disarmed (the sender dropped): go on either way.
+    // Dropping the test's `Paused` releases too, so a failing test leaves no task held.
     let _ = released.wait_for(|&go| go).await;
 }
 
