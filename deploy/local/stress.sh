@@ -41,10 +41,29 @@ stop_hogs() {
 trap stop_hogs EXIT
 
 # Build once, before any clock starts.
-cargo nextest run --workspace --profile ci -E "$filter" --no-run
+cargo nextest run --workspace --profile stress -E "$filter" --no-run
 
 declare -A passed failed
 incomplete=0
+# The report: every test that ran, per mode, passed runs out of the runs
+# made. Also printed when the stress is stopped early (Ctrl-C, kill), so a
+# partial stress still says what it saw.
+report() {
+  local bad=0 key ok total
+  printf '%-10s %-8s %s\n' mode passed test
+  for key in $(printf '%s\n' "${!passed[@]}" "${!failed[@]}" | sort -u | tr ' ' '|'); do
+    key="${key//|/ }"
+    ok=${passed[$key]:-0}
+    total=$((ok + ${failed[$key]:-0}))
+    [ "$ok" = "$runs" ] && [ "$total" = "$runs" ] || bad=1
+    printf '%-10s %-8s %s\n' "${key%% *}" "$ok/$total" "${key#* }"
+  done
+  [ ${#passed[@]} -gt 0 ] || { echo "stress: no test ran; see $logs" >&2; return 1; }
+  [ "$bad" = 0 ] && [ "$incomplete" = 0 ] || { echo "stress: not every run of $runs passed; logs in $logs" >&2; return 1; }
+  say "every run passed; logs in $logs"
+}
+trap 'stop_hogs; echo; say "stopped early"; report; exit 130' INT TERM
+
 for mode in $modes; do
   case "$mode" in
     idle) ;;
@@ -60,7 +79,7 @@ for mode in $modes; do
   for run in $(seq "$runs"); do
     log="$logs/$mode-$run.log"
     started=$SECONDS
-    cargo nextest run --workspace --profile ci -E "$filter" --status-level pass >"$log" 2>&1 || true
+    cargo nextest run --workspace --profile stress -E "$filter" --status-level pass >"$log" 2>&1 || true
     seen=0
     # One line per test and outcome: "PASS [ 5.6s] crate::binary test".
     while read -r outcome name; do
@@ -83,16 +102,4 @@ for mode in $modes; do
   stop_hogs
 done
 
-# The report: every test that ran, per mode, passed runs out of runs.
-bad=0
-printf '%-10s %-8s %s\n' mode passed test
-for key in $(printf '%s\n' "${!passed[@]}" "${!failed[@]}" | sort -u | tr ' ' '|'); do
-  key="${key//|/ }"
-  ok=${passed[$key]:-0}
-  total=$((ok + ${failed[$key]:-0}))
-  [ "$ok" = "$runs" ] && [ "$total" = "$runs" ] || bad=1
-  printf '%-10s %-8s %s\n' "${key%% *}" "$ok/$runs" "${key#* }"
-done
-[ ${#passed[@]} -gt 0 ] || { echo "stress: no test ran; see $logs" >&2; exit 1; }
-[ "$bad" = 0 ] && [ "$incomplete" = 0 ] || { echo "stress: some runs failed; logs in $logs" >&2; exit 1; }
-say "every run passed; logs in $logs"
+report
