@@ -145,12 +145,14 @@ impl Loaded {
             loss_mask: vec![0; tokens.len()],
             logprobs: Vec::new(),
             policy_version: version,
+            temperature: 0.0,
         });
     }
 
-    /// Appends sampled tokens (mask 1), one segment per policy version; they
-    /// become the last reply.
-    pub fn push_sampled(&mut self, turn: u32, tokens: &[u32], logprobs: &[f32], versions: &[u64]) {
+    /// Appends sampled tokens (mask 1), one segment per policy version, with
+    /// the `temperature` they were sampled at (0: not sampled from a
+    /// softmax: greedy, or a teacher's reply); they become the last reply.
+    pub fn push_sampled(&mut self, turn: u32, tokens: &[u32], logprobs: &[f32], versions: &[u64], temperature: f32) {
         let mut start = 0;
         let mut reply = Vec::new();
         while start < tokens.len() {
@@ -165,6 +167,7 @@ impl Loaded {
                 loss_mask: vec![1; end - start],
                 logprobs: logprobs.get(start..end).map(<[f32]>::to_vec).unwrap_or_default(),
                 policy_version: version,
+                temperature,
             });
             start = end;
         }

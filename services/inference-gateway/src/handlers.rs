@@ -205,6 +205,9 @@ impl Handlers {
         if sampling.max_new_tokens == 0 {
             sampling.max_new_tokens = DEFAULT_MAX_NEW_TOKENS;
         }
+        // The temperature the policy server samples at (its default, 1, when
+        // unset), recorded with the tokens; a teacher's reply is not sampled.
+        let temperature = if teacher { 0.0 } else { sampling.temperature.unwrap_or(1.0).max(0.0) };
         let min_policy_version = match request.run_id.trim() {
             "" => 0,
             run => sleuth_store::trajectories::learner_version(&self.runs, run).await?,
@@ -232,7 +235,7 @@ impl Handlers {
         let version = generated.policy_versions.first().copied().unwrap_or_default();
         tracing::Span::current().record("policy_version", version);
         loaded.push_context(turn, kind, &next.new_tokens, version);
-        loaded.push_sampled(turn, &generated.token_ids, &generated.logprobs, &generated.policy_versions);
+        loaded.push_sampled(turn, &generated.token_ids, &generated.logprobs, &generated.policy_versions, temperature);
         // The policy server ends at the token completing a stop string; the
         // reply's text ends before the string (OpenAI's `stop`). The trace keeps
         // every token the policy generated.

@@ -348,8 +348,9 @@ async fn a_runs_turns_wait_for_a_replica_serving_its_version() -> Result<()> {
 
 /// A scripted teacher's reply is recorded as the tokens the policy would
 /// have sampled to write it: parsed like a sampled reply, traced as a policy
-/// segment (trainable, logprobs 0), and the policy's next turn continues
-/// from it without drift.
+/// segment (trainable, logprobs 0, no sampling temperature), and the
+/// policy's next turn, sampled at 0.7 and recorded so, continues from it
+/// without drift.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_teachers_reply_is_traced_as_the_policys_own_tokens() -> Result<()> {
     let stack = one_replica().await?;
@@ -374,7 +375,9 @@ async fn a_teachers_reply_is_traced_as_the_policys_own_tokens() -> Result<()> {
         tool_call_id: reply.tool_calls[0].id.clone(),
         ..Default::default()
     });
-    let second = gateway.chat(pb::ChatRequest { tools: vec![tool], ..chat("teacher-1", &messages) }).await?;
+    let mut sampled = pb::ChatRequest { tools: vec![tool], ..chat("teacher-1", &messages) };
+    sampled.sampling.as_mut().context("sampling")?.temperature = Some(0.7);
+    let second = gateway.chat(sampled).await?;
     assert!(!second.into_inner().drift, "the policy's turn continues the teacher's tokens");
 
     let trace = gateway.get_trace(pb::GetTraceRequest { episode_id: "teacher-1".into() }).await?.into_inner();
@@ -385,6 +388,8 @@ async fn a_teachers_reply_is_traced_as_the_policys_own_tokens() -> Result<()> {
     let written = tokenizer.decode(&policy[0].token_ids, false).map_err(|e| anyhow::anyhow!("{e}"))?;
     assert_eq!(written, format!("{call}<|im_end|>"), "the reply's tokens through the end of turn");
     assert!(policy[0].logprobs.iter().all(|&l| l == 0.0) && policy[0].loss_mask.iter().all(|&m| m == 1));
+    // The learner scores sampled tokens at their temperature; the teacher's were not sampled.
+    assert_eq!((policy[0].temperature, policy[1].temperature), (0.0, 0.7), "{policy:?}");
     assert_eq!(trace.drift_events, 0);
     Ok(())
 }

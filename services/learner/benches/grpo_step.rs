@@ -31,7 +31,7 @@ fn batch() -> Vec<Sample> {
             let tokens: Vec<i64> = (0..n as i64).map(|t| 1000 + (t * 7919 + i as i64 * 104_729) % 40_000).collect();
             let mask = (0..n).map(|j| if j >= PROMPT { 1.0 } else { 0.0 }).collect();
             let behaviour = (0..n).map(|j| if j >= PROMPT { -2.0 - 0.001 * j as f32 } else { 0.0 }).collect();
-            Sample { tokens, mask, behaviour, advantage: if i % 2 == 0 { 1.0 } else { -1.0 } }
+            Sample::unsampled(tokens, mask, behaviour, if i % 2 == 0 { 1.0 } else { -1.0 })
         })
         .collect()
 }

@@ -15,9 +15,19 @@ pub struct Sample {
     pub mask: Vec<f32>,
     pub behaviour: Vec<f32>,
     pub advantage: f32,
+    /// The softmax temperature the policy sampled the episode at; the
+    /// policy loss scores its tokens at the same one, so the importance
+    /// ratio measures a change of policy, not the temperature (as verl
+    /// does). 1 for samples nobody sampled (teacher turns, SFT).
+    pub temperature: f32,
 }
 
 impl Sample {
+    /// A sample scored at temperature 1 (teacher turns, copy pre-training).
+    pub fn unsampled(tokens: Vec<i64>, mask: Vec<f32>, behaviour: Vec<f32>, advantage: f32) -> Self {
+        Self { tokens, mask, behaviour, advantage, temperature: 1.0 }
+    }
+
     pub fn trainable_tokens(&self) -> usize {
         self.mask.iter().skip(1).filter(|&&m| m > 0.5).count()
     }
@@ -87,7 +97,8 @@ pub fn sft_samples(group: &TrajectoryGroup) -> Result<Vec<Sample>, BadGroup> {
 
 fn sequence(episode: &sleuth_proto::common::v1::Episode) -> Result<Sample, String> {
     let trace = episode.trace.as_ref().ok_or("has no trace")?;
-    let mut sample = Sample { tokens: Vec::new(), mask: Vec::new(), behaviour: Vec::new(), advantage: 0.0 };
+    let mut sample = Sample::unsampled(Vec::new(), Vec::new(), Vec::new(), 0.0);
+    let mut temperature = None;
     for (index, segment) in trace.segments.iter().enumerate() {
         let n = segment.token_ids.len();
         if segment.loss_mask.len() != n {
@@ -100,6 +111,20 @@ fn sequence(episode: &sleuth_proto::common::v1::Episode) -> Result<Sample, Strin
         if let Some(bad) = segment.loss_mask.iter().find(|&&m| m > 1) {
             return Err(format!("segment {index} has loss_mask value {bad} (0 or 1)"));
         }
+        if !segment.temperature.is_finite() || segment.temperature < 0.0 {
+            return Err(format!("segment {index} has temperature {} (0 or above)", segment.temperature));
+        }
+        if sampled && segment.temperature > 0.0 {
+            match temperature {
+                Some(t) if t != segment.temperature => {
+                    return Err(format!(
+                        "segment {index} was sampled at temperature {}, an earlier one at {t}: one episode, one temperature",
+                        segment.temperature
+                    ));
+                }
+                _ => temperature = Some(segment.temperature),
+            }
+        }
         sample.tokens.extend(segment.token_ids.iter().map(|&t| i64::from(t)));
         sample.mask.extend(segment.loss_mask.iter().map(|&m| f32::from(m)));
         if sampled {
@@ -111,6 +136,7 @@ fn sequence(episode: &sleuth_proto::common::v1::Episode) -> Result<Sample, Strin
     if sample.tokens.len() < 2 {
         return Err(format!("trace has {} tokens; at least 2 are needed", sample.tokens.len()));
     }
+    sample.temperature = temperature.unwrap_or(1.0);
     Ok(sample)
 }
 
@@ -181,6 +207,29 @@ mod tests {
     }
 
     #[test]
+    fn an_episode_keeps_the_temperature_its_tokens_were_sampled_at() {
+        let mut warm = episode("a", 1.0, &[7, 8]);
+        let mut teacher_turn = warm.trace.as_ref().unwrap().segments[1].clone();
+        teacher_turn.token_ids = vec![9];
+        (teacher_turn.loss_mask, teacher_turn.logprobs) = (vec![1], vec![0.0]);
+        let segments = &mut warm.trace.as_mut().unwrap().segments;
+        segments[1].temperature = 0.7;
+        segments.push(teacher_turn); // temperature 0: not sampled, says nothing
+        let group = TrajectoryGroup { episodes: vec![warm.clone(), episode("b", 0.0, &[6])], ..Default::default() };
+        let samples = samples(&group, Estimator::DrGrpo).unwrap().unwrap();
+        assert_eq!((samples[0].temperature, samples[1].temperature), (0.7, 1.0), "unrecorded: scored at 1");
+
+        let mut mixed = warm.clone();
+        let mut hotter = mixed.trace.as_ref().unwrap().segments[1].clone();
+        hotter.temperature = 1.2;
+        mixed.trace.as_mut().unwrap().segments.push(hotter);
+        let error = sequence(&mixed).unwrap_err();
+        assert!(error.contains("segment 3 was sampled at temperature 1.2, an earlier one at 0.7"), "{error}");
+        warm.trace.as_mut().unwrap().segments[1].temperature = -1.0;
+        assert!(sequence(&warm).unwrap_err().contains("segment 1 has temperature -1"));
+    }
+
+    #[test]
     fn flat_groups_are_filtered_and_corrupt_ones_named() {
         let flat =
             TrajectoryGroup { episodes: vec![episode("a", 1.0, &[7]), episode("b", 1.0, &[8])], ..Default::default() };
@@ -201,7 +250,8 @@ mod tests {
 }
 
 /// Samples as bytes (rank 0 broadcasts each step's samples to the others):
-/// per sample its length, tokens (i64), mask and behaviour (f32), advantage.
+/// per sample its length, tokens (i64), mask and behaviour (f32), advantage,
+/// temperature.
 pub fn encode(samples: &[Sample]) -> Vec<u8> {
     let mut out = Vec::new();
     out.extend((samples.len() as u64).to_le_bytes());
@@ -211,6 +261,7 @@ pub fn encode(samples: &[Sample]) -> Vec<u8> {
         s.mask.iter().for_each(|m| out.extend(m.to_le_bytes()));
         s.behaviour.iter().for_each(|b| out.extend(b.to_le_bytes()));
         out.extend(s.advantage.to_le_bytes());
+        out.extend(s.temperature.to_le_bytes());
     }
     out
 }
@@ -232,7 +283,8 @@ pub fn decode(bytes: &[u8]) -> Result<Vec<Sample>, String> {
         let mask = take(4 * n)?.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().expect("4"))).collect();
         let behaviour = take(4 * n)?.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().expect("4"))).collect();
         let advantage = f32::from_le_bytes(take(4)?.try_into().expect("4"));
-        samples.push(Sample { tokens, mask, behaviour, advantage });
+        let temperature = f32::from_le_bytes(take(4)?.try_into().expect("4"));
+        samples.push(Sample { tokens, mask, behaviour, advantage, temperature });
     }
     Ok(samples)
 }
@@ -246,6 +298,7 @@ mod encoding_tests {
             mask: vec![0.0, 1.0, 1.0],
             behaviour: vec![0.0, -0.5, -1.5],
             advantage: 0.25,
+            temperature: 0.7,
         }];
         assert_eq!(super::decode(&super::encode(&samples)).unwrap(), samples);
         assert!(super::decode(&super::encode(&samples)[..20]).is_err());
@@ -280,7 +333,7 @@ mod sft_tests {
     use super::*;
 
     fn sample(mask: &[f32]) -> Sample {
-        Sample { tokens: vec![1; mask.len()], mask: mask.to_vec(), behaviour: vec![0.0; mask.len()], advantage: 0.0 }
+        Sample::unsampled(vec![1; mask.len()], mask.to_vec(), vec![0.0; mask.len()], 0.0)
     }
 
     #[test]

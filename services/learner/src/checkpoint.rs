@@ -30,7 +30,15 @@ const COMPLETE: &str = "COMPLETE";
 /// What a checkpoint records besides tensors.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Meta {
+    /// The version the step's weights are published as.
     pub step: u64,
+    /// How far the run's version numbers run ahead of its own optimizer
+    /// steps: versions published without training (the run's start
+    /// weights, numbered above whatever the servers held; weights
+    /// republished after lost versions). 0 in checkpoints written before it
+    /// was recorded, which numbered their steps from 0.
+    #[serde(default)]
+    pub version_offset: u64,
     pub world_size: usize,
     /// The newest stream entry consumed by steps up to this one (`<ms>-<seq>`):
     /// after a restart, pending entries up to here are acknowledged, not retrained.
@@ -48,6 +56,20 @@ pub struct Meta {
 }
 
 impl Meta {
+    /// The run's own optimizer steps so far: what its learning-rate
+    /// schedule and `max_steps` count, whatever versions came before.
+    pub fn steps_trained(&self) -> u64 {
+        self.step - self.version_offset
+    }
+
+    /// Publishes the same weights as `version` (above `step`): the steps
+    /// trained stay what they were.
+    pub fn renumber(&mut self, version: u64) {
+        debug_assert!(version >= self.step, "versions only grow");
+        self.version_offset += version - self.step;
+        self.step = version;
+    }
+
     /// Groups taken off the stream by the steps up to this one: trained or dropped.
     pub fn groups_taken(&self) -> u64 {
         self.groups_consumed + self.groups_dropped_stale + self.groups_filtered + self.groups_rejected
@@ -253,6 +275,22 @@ pub async fn prune(store: &ObjectStore, keep: usize, best: Option<u64>) -> Resul
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn renumbering_keeps_the_steps_trained() {
+        let mut meta = Meta::default();
+        meta.renumber(5); // start weights published above an earlier run's versions
+        assert_eq!((meta.step, meta.steps_trained()), (5, 0));
+        meta.step += 3; // three steps trained
+        meta.renumber(11); // versions 9 and 10 lost in a crash
+        assert_eq!((meta.step, meta.steps_trained()), (11, 3));
+        let old: Meta = serde_json::from_str(
+            r#"{"step": 4, "world_size": 1, "stream_position": "", "groups_consumed": 0,
+            "groups_dropped_stale": 0, "groups_filtered": 0, "groups_rejected": 0, "created_unix": 0}"#,
+        )
+        .unwrap();
+        assert_eq!(old.steps_trained(), 4, "older checkpoints numbered from 0");
+    }
 
     async fn seal_step(store: &ObjectStore, step: u64) {
         store.put(&shard_key(step, 0, 1), vec![1, 2, 3]).await.unwrap();

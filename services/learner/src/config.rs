@@ -157,7 +157,9 @@ pub struct Config {
     #[arg(skip)]
     pub lr_schedule: sleuth_metrics::schedule::LrSchedule,
 
-    /// Stop after this many steps; 0 = train until shut down.
+    /// Stop after this many optimizer steps of this run (versions published
+    /// without training, and earlier runs' versions, do not count); 0 =
+    /// train until shut down.
     #[arg(long, env = "SLEUTH_MAX_STEPS", default_value_t = 0)]
     pub max_steps: u64,
 

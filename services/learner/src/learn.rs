@@ -55,7 +55,7 @@ pub struct Plan {
     pub global_batch_size: usize,
     pub max_staleness: u64,
     pub checkpoint_every: u64,
-    /// Stop after this many steps (0 = run until shut down).
+    /// Stop after this many of the run's own steps (0 = run until shut down).
     pub max_steps: u64,
     /// The spec's start model, published as the run's first version (see
     /// [`crate::publish::republish`]); `None`: the servers' own model is version 0.
@@ -202,7 +202,7 @@ pub async fn lead(
     let mut run_over = false;
     let mut planned = None;
 
-    while plan.max_steps == 0 || meta.step < plan.max_steps {
+    while plan.max_steps == 0 || meta.steps_trained() < plan.max_steps {
         // Form the next step.
         let mut samples = Vec::new();
         let mut tally = Tally::default();
@@ -288,8 +288,8 @@ pub async fn lead(
             let fraction = batch::check_sft_mask(&samples).map_err(Error::InvalidArgument)?;
             tracing::info!(step = meta.step + 1, trainable_fraction = fraction, "trajectory SFT batch");
         }
-        let lr =
-            plan.learning_rate * plan.lr_schedule.scale(meta.step, steps_planned(&mut planned, &plan, &sources).await?);
+        let lr = plan.learning_rate
+            * plan.lr_schedule.scale(meta.steps_trained(), steps_planned(&mut planned, &plan, &sources).await?);
         let command = Command::Step { samples: samples.clone(), lr };
         let (t, stats) = blocking(trainer, move |t| -> Result<StepStats, Error> {
             t.collective.broadcast(command.encode())?;
@@ -334,7 +334,7 @@ pub async fn lead(
             p.meta = meta.clone();
             p.last = Some(stats.clone());
         }
-        let last = run_over || (plan.max_steps != 0 && meta.step >= plan.max_steps);
+        let last = run_over || (plan.max_steps != 0 && meta.steps_trained() >= plan.max_steps);
         if meta.step % plan.checkpoint_every.max(1) == 0 || last {
             crate::fence::hold(&lease, patience).await?;
             trainer = save_checkpoint(trainer, &sources, &meta).await?;

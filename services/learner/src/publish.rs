@@ -241,9 +241,13 @@ pub(crate) async fn reconcile(trainer: Trainer, sources: &Sources, step: u64) ->
 ///   versions) and publishes the checkpoint's weights as the next one. Groups
 ///   sampled by the lost weights are then at least one version old and
 ///   dropped as stale beyond `max_staleness`;
-/// - a fresh run with a start model of its own (`policy.model_uri`) publishes
-///   it as its first version: the orchestrator starts no episode before it
-///   (version 0 is the model the servers started with, not the run's).
+/// - a fresh run with a start model of its own (`policy.model_uri`), or one
+///   whose servers serve another run's versions, publishes its start
+///   weights as its first version: the orchestrator starts no episode before
+///   it (version 0 is the model the servers started with, not the run's).
+///
+/// Neither trains: the run's own steps (`Meta::steps_trained`, what its
+/// schedule and `max_steps` count) stay as they were.
 ///
 /// The new version is sealed as a checkpoint and recorded as a step without
 /// groups whose metrics say why (`republished`).
@@ -255,20 +259,23 @@ pub(crate) async fn republish(
 ) -> Result<Trainer, Error> {
     let run_id = plan.run_id.as_str();
     // Without policy servers no weights were ever served: no version can be lost.
-    let newest = if sources.publisher.is_empty() {
-        0
+    let (announced, served) = if sources.publisher.is_empty() {
+        (0, 0)
     } else {
         let announced = sleuth_store::patiently("reading the announced version", sources.patience, || {
             sleuth_store::trajectories::learner_version(&sources.redis, run_id)
         })
         .await?;
-        announced.max(sources.publisher.newest_served().await)
+        (announced, sources.publisher.newest_served().await)
     };
-    let checkpoint = meta.step;
-    // A fresh run with a start model publishes it whatever the servers hold
-    // (they may serve another run's versions: the new one is numbered above them).
-    let why = if let (0, Some(uri)) = (checkpoint, &plan.start_model_uri) {
-        tracing::info!(uri, "publishing the run's start model as its first version");
+    let (newest, checkpoint) = (announced.max(served), meta.step);
+    // A run that has published nothing yet starts from its own weights: its
+    // start model, or the learner's model when the servers hold another
+    // run's versions (numbered above them, so they are never mistaken).
+    let fresh = checkpoint == 0 && announced == 0;
+    let why = if fresh && (plan.start_model_uri.is_some() || served > 0) {
+        let uri = plan.start_model_uri.clone().unwrap_or_else(|| sources.model_dir.display().to_string());
+        tracing::info!(uri, served, "publishing the run's start weights as its first version");
         serde_json::json!({ "republished": "start model", "model_uri": uri })
     } else if newest > checkpoint {
         tracing::warn!(
@@ -281,7 +288,7 @@ pub(crate) async fn republish(
         return Ok(trainer);
     };
     let version = newest.max(checkpoint) + 1;
-    meta.step = version;
+    meta.renumber(version);
     let trainer = crate::learn::save_checkpoint(trainer, sources, meta).await?;
     let stats = crate::trainer::StepStats { step: version, ..Default::default() };
     let mut metrics = why;

@@ -99,11 +99,8 @@ impl ReplyRenderer {
         let tokens = full[..=end].to_vec();
         let mask = (0..tokens.len()).map(|j| if j >= prompt.len() { 1.0 } else { 0.0 }).collect();
         let reply = tokens[prompt.len()..].to_vec();
-        Ok(ReplySample {
-            sample: Sample { behaviour: vec![0.0; tokens.len()], tokens, mask, advantage: 0.0 },
-            prompt,
-            reply,
-        })
+        let behaviour = vec![0.0; tokens.len()];
+        Ok(ReplySample { sample: Sample::unsampled(tokens, mask, behaviour, 0.0), prompt, reply })
     }
 }
 

@@ -81,7 +81,7 @@ pub struct Trainer {
 }
 
 /// Right-padded tensors of a micro-batch: inputs, targets, target mask,
-/// behaviour logprobs, padding mask, advantages.
+/// behaviour logprobs, padding mask, advantages, sampling temperatures.
 struct MicroBatch {
     inputs: Tensor,
     targets: Tensor,
@@ -89,6 +89,19 @@ struct MicroBatch {
     behaviour: Tensor,
     attention: Tensor,
     advantages: Tensor,
+    /// Per row: what its logits are divided by ([`Scoring::Sampled`]).
+    temperatures: Tensor,
+}
+
+/// Which distribution the learner's logprobs are taken under.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Scoring {
+    /// The model's own (temperature 1): what SFT teaches.
+    Model,
+    /// The one each sample was drawn from (its logits divided by its
+    /// temperature): what the policy loss compares with the behaviour
+    /// logprobs, and the KL with the reference.
+    Sampled,
 }
 
 fn micro_batch(samples: &[&Sample], device: Device) -> MicroBatch {
@@ -108,6 +121,7 @@ fn micro_batch(samples: &[&Sample], device: Device) -> MicroBatch {
     }
     let shape = [rows as i64, width as i64];
     let advantages: Vec<f32> = samples.iter().map(|s| s.advantage).collect();
+    let temperatures: Vec<f32> = samples.iter().map(|s| s.temperature).collect();
     MicroBatch {
         inputs: Tensor::from_slice(&inputs).view(shape).to_device(device),
         targets: Tensor::from_slice(&targets).view(shape).to_device(device),
@@ -115,19 +129,29 @@ fn micro_batch(samples: &[&Sample], device: Device) -> MicroBatch {
         behaviour: Tensor::from_slice(&behaviour).view(shape).to_device(device),
         attention: Tensor::from_slice(&attention).view(shape).to_device(device),
         advantages: Tensor::from_slice(&advantages).to_device(device),
+        temperatures: Tensor::from_slice(&temperatures).to_device(device),
     }
 }
 
-/// Logprobs of `targets` at the trainable positions (0 elsewhere), and the
-/// summed entropy of those positions' distributions. Only trainable
-/// positions go through the output projection: prompts and observations
-/// never need their [positions, vocab] logits.
-fn token_logprobs(model: &Model, batch: &MicroBatch) -> (Tensor, f64) {
+/// Logprobs of `targets` at the trainable positions (0 elsewhere) under
+/// `scoring`'s distribution, and the summed entropy of those positions'
+/// distributions. Only trainable positions go through the output
+/// projection: prompts and observations never need their [positions, vocab]
+/// logits.
+fn token_logprobs(model: &Model, batch: &MicroBatch, scoring: Scoring) -> (Tensor, f64) {
     let hidden = model.hidden_states(&batch.inputs, Some(&batch.attention));
     let (rows, width, size) = (hidden.size()[0], hidden.size()[1], hidden.size()[2]);
     let trainable = batch.mask.view([-1]).gt(0.5).nonzero().squeeze_dim(1);
     let selected = hidden.view([rows * width, size]).index_select(0, &trainable);
-    let log_probs = model.project(&selected).to_kind(Kind::Float).log_softmax(-1, Kind::Float);
+    let logits = model.project(&selected).to_kind(Kind::Float);
+    let logits = match scoring {
+        Scoring::Model => logits,
+        Scoring::Sampled => {
+            let per_position = batch.temperatures.unsqueeze(1).expand([rows, width], false).reshape([-1]);
+            logits / per_position.index_select(0, &trainable).unsqueeze(1)
+        }
+    };
+    let log_probs = logits.log_softmax(-1, Kind::Float);
     let targets = batch.targets.view([-1]).index_select(0, &trainable);
     let taken = log_probs.gather(-1, &targets.unsqueeze(-1), false).squeeze_dim(-1);
     let entropy = tch::no_grad(|| -(log_probs.exp() * &log_probs).sum(Kind::Double).double_value(&[]));
@@ -196,11 +220,15 @@ impl Trainer {
             samples.chunks(self.config.micro_batch.max(1)).map(|c| c.iter().collect()).collect();
         for chunk in chunks.iter().skip(rank).step_by(world) {
             let batch = micro_batch(chunk, device);
-            let (logprobs, entropy) = token_logprobs(&self.model, &batch);
+            let scoring = match self.config.objective {
+                Objective::Rl(_) => Scoring::Sampled,
+                Objective::Sft(_) => Scoring::Model,
+            };
+            let (logprobs, entropy) = token_logprobs(&self.model, &batch, scoring);
             let loss = match self.config.objective {
                 Objective::Rl(config) => {
                     let reference = match (&self.reference, config.kl_coef > 0.0) {
-                        (Some((_, model)), true) => Some(tch::no_grad(|| token_logprobs(model, &batch).0)),
+                        (Some((_, model)), true) => Some(tch::no_grad(|| token_logprobs(model, &batch, scoring).0)),
                         _ => None,
                     };
                     let out = policy_loss(

@@ -25,13 +25,16 @@ const GROUP: usize = 8;
 const PROMPTS: [[u32; 3]; 4] = [[1, 2, 3], [4, 5, 6], [2, 9, 4], [11, 3, 8]];
 const STEPS: usize = 12;
 
-fn episode(model: &Model, prompt: &[u32], rng: &mut Rng) -> Episode {
+/// An episode of `model` after `prompt`, sampled at `temperature`, with its
+/// behaviour logprobs and temperature recorded as the inference gateway does.
+fn episode(model: &Model, prompt: &[u32], rng: &mut Rng, temperature: f32) -> Episode {
+    let sampling = Sampling { temperature, ..Sampling::default() };
     let mut tokens: Vec<i64> = prompt.iter().map(|&t| i64::from(t)).collect();
     let (mut sampled, mut logprobs) = (Vec::new(), Vec::new());
     tch::no_grad(|| {
         for _ in 0..NEW_TOKENS {
             let logits = model.forward(&Tensor::from_slice(&tokens).unsqueeze(0), None);
-            let next = sample(&logits.get(0).get(-1), &Sampling::default(), rng);
+            let next = sample(&logits.get(0).get(-1), &sampling, rng);
             sampled.push(next.token);
             logprobs.push(next.logprob);
             tokens.push(i64::from(next.token));
@@ -53,6 +56,7 @@ fn episode(model: &Model, prompt: &[u32], rng: &mut Rng) -> Episode {
                     loss_mask: vec![1; sampled.len()],
                     token_ids: sampled,
                     logprobs,
+                    temperature,
                     ..Default::default()
                 },
             ],
@@ -62,9 +66,8 @@ fn episode(model: &Model, prompt: &[u32], rng: &mut Rng) -> Episode {
     }
 }
 
-#[test]
-fn grpo_raises_the_reward_of_a_tiny_policy() -> Result<()> {
-    tch::manual_seed(11);
+/// A tiny random policy (vocabulary 16) with small weights.
+fn tiny_policy() -> Result<(VarStore, Model)> {
     let config: Config = serde_json::from_value(serde_json::json!({
         "model_type": "llama", "vocab_size": 16, "hidden_size": 32, "intermediate_size": 64,
         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -79,18 +82,39 @@ fn grpo_raises_the_reward_of_a_tiny_policy() -> Result<()> {
             }
         }
     });
-    let trainer_config = TrainerConfig {
+    Ok((vars, model))
+}
+
+fn grpo_config(lr: f64) -> TrainerConfig {
+    TrainerConfig {
         objective: Objective::Rl(LossConfig {
             policy: PolicyLoss::PPO,
             aggregation: Aggregation::TokenMean,
             tis_cap: None,
             kl_coef: 0.0,
         }),
-        optimizer: AdamW { lr: 2e-2, ..AdamW::default() },
+        optimizer: AdamW { lr, ..AdamW::default() },
         max_grad_norm: 1.0,
         micro_batch: 8,
-    };
-    let mut trainer = Trainer::new(vars, model, None, trainer_config, Box::new(Single));
+    }
+}
+
+/// The samples of `groups` that have an advantage.
+fn trainable(groups: &[TrajectoryGroup]) -> Result<Vec<learner::batch::Sample>> {
+    Ok(groups
+        .iter()
+        .filter_map(|g| samples(g, Estimator::Grpo).transpose())
+        .collect::<Result<Vec<_>, _>>()?
+        .into_iter()
+        .flatten()
+        .collect())
+}
+
+#[test]
+fn grpo_raises_the_reward_of_a_tiny_policy() -> Result<()> {
+    tch::manual_seed(11);
+    let (vars, model) = tiny_policy()?;
+    let mut trainer = Trainer::new(vars, model, None, grpo_config(2e-2), Box::new(Single));
     let mut rng = Rng::new(5);
     let mut curve = Vec::new();
     for step in 0..STEPS {
@@ -99,19 +123,13 @@ fn grpo_raises_the_reward_of_a_tiny_policy() -> Result<()> {
             .enumerate()
             .map(|(i, prompt)| TrajectoryGroup {
                 group_id: format!("{step}-{i}"),
-                episodes: (0..GROUP).map(|_| episode(&trainer.model, prompt, &mut rng)).collect(),
+                episodes: (0..GROUP).map(|_| episode(&trainer.model, prompt, &mut rng, 1.0)).collect(),
                 ..Default::default()
             })
             .collect();
         let rewards: Vec<f64> = groups.iter().flat_map(|g| g.episodes.iter().map(|e| e.reward)).collect();
         curve.push(rewards.iter().sum::<f64>() / rewards.len() as f64);
-        let batch: Vec<_> = groups
-            .iter()
-            .filter_map(|g| samples(g, Estimator::Grpo).transpose())
-            .collect::<Result<Vec<_>, _>>()?
-            .into_iter()
-            .flatten()
-            .collect();
+        let batch = trainable(&groups)?;
         if !batch.is_empty() {
             trainer.step(&batch)?;
         }
@@ -121,6 +139,36 @@ fn grpo_raises_the_reward_of_a_tiny_policy() -> Result<()> {
     let start = curve[..2].iter().sum::<f64>() / 2.0;
     let end = curve[STEPS - 2..].iter().sum::<f64>() / 2.0;
     assert!(end > start + 0.25, "reward went from {start:.3} to {end:.3}: {curve_text:?}");
+    Ok(())
+}
+
+/// Episodes sampled at temperature 0.5 are scored at 0.5: before the first
+/// update the learner's logprobs equal the sampler's, so the importance
+/// ratio is 1 and the train/inference mismatch 0 (scored at temperature 1,
+/// the ratio would measure the temperature instead of a change of policy).
+#[test]
+fn sampled_tokens_are_scored_at_the_temperature_they_were_sampled_at() -> Result<()> {
+    tch::manual_seed(3);
+    let (vars, model) = tiny_policy()?;
+    let mut trainer = Trainer::new(vars, model, None, grpo_config(1e-3), Box::new(Single));
+    let mut rng = Rng::new(9);
+    let groups: Vec<TrajectoryGroup> = PROMPTS
+        .iter()
+        .enumerate()
+        .map(|(i, prompt)| TrajectoryGroup {
+            group_id: format!("cold-{i}"),
+            episodes: (0..GROUP).map(|_| episode(&trainer.model, prompt, &mut rng, 0.5)).collect(),
+            ..Default::default()
+        })
+        .collect();
+    let batch = trainable(&groups)?;
+    assert!(batch.iter().all(|s| s.temperature == 0.5), "the trace's temperature reaches the sample");
+    let stats = trainer.step(&batch)?;
+    println!("ratio mean {:.6}, max {:.6}, mismatch {:.6}", stats.ratio_mean, stats.ratio_max, stats.logprob_mismatch);
+    // f32 logits through two paths (one position at a time when sampling,
+    // the whole sequence when training) agree to about 1e-6 per token.
+    assert!(stats.logprob_mismatch < 1e-4, "mismatch {} at the sampling temperature", stats.logprob_mismatch);
+    assert!((stats.ratio_mean - 1.0).abs() < 1e-4, "ratio mean {}", stats.ratio_mean);
     Ok(())
 }
 
@@ -146,8 +194,8 @@ fn trajectory_sft_fits_teacher_trajectories_on_assistant_tokens_only() -> Result
         .iter()
         .map(|prompt| {
             let tokens: Vec<i64> = prompt.iter().map(|&t| i64::from(t)).chain([7, 7, 7, 7]).collect();
-            let mask = [0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0].to_vec();
-            learner::batch::Sample { behaviour: vec![0.0; tokens.len()], tokens, mask, advantage: 0.0 }
+            let (mask, behaviour) = ([0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0].to_vec(), vec![0.0; tokens.len()]);
+            learner::batch::Sample::unsampled(tokens, mask, behaviour, 0.0)
         })
         .collect();
     assert_eq!(learner::batch::check_sft_mask(&teacher), Ok(4.0 / 6.0));

@@ -412,6 +412,52 @@ async fn published_weights_change_the_policy_server() -> Result<()> {
     Ok(())
 }
 
+/// Two runs one after the other on the same policy server, as a recipe's
+/// SFT then GRPO: the second publishes its start weights above the first's
+/// versions, and `max_steps` (like the learning-rate schedule) counts its
+/// own optimizer steps, not version numbers, so it still trains all of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_after_another_on_the_same_servers_trains_its_own_steps() -> Result<()> {
+    let scratch = tempfile::tempdir()?;
+    let (env, _redis_server) = Env::start(scratch.path())?;
+    let (model, redis_url, database) = (env.model.to_str().context("utf-8")?, &env.redis_url, &env.database);
+    let (policy_addr, _policy) =
+        sleuth_testkit::start_service!(policy_server, sleuth_testkit::service::policy_server_args(model, &[]));
+    sleuth_testkit::service::wait_serving(&policy_addr, "sleuth.policy.v1.PolicyServer").await?;
+    let redis = RedisStore::open(redis_url)?;
+    for (run, groups) in [("first", 0..2), ("second", 2..6)] {
+        for i in groups {
+            publish(&redis, run, &group(i, false).encode_to_vec()).await?;
+        }
+    }
+    let checkpoints = scratch.path().join("checkpoints");
+    let checkpoints = checkpoints.to_str().context("utf-8")?;
+    let servers = ["--policy-servers", policy_addr.as_str()];
+    train_one_step("first", model, redis_url, database, checkpoints, &servers).await?;
+    until_served(&policy_addr, 1, "the first run's step").await?;
+
+    // Its groups carry version 0 (made before any run): never stale here.
+    let two_steps = [&servers[..], &["--max-steps", "2", "--max-staleness", "100"]].concat();
+    let config = <learner::Config as clap::Parser>::try_parse_from(learner_args(
+        "second",
+        model,
+        redis_url,
+        database,
+        checkpoints,
+        &two_steps,
+    ))?;
+    let listener = tokio::net::TcpListener::bind(config.listen).await?;
+    tokio::time::timeout(Duration::from_secs(120), learner::run(config, listener, std::future::pending())).await??;
+    let db = sleuth_store::Database::open(database)?;
+    let steps = learner::records::steps(&db, "second").await?;
+    let trained: Vec<u64> = steps.iter().filter(|(_, m)| m["groups"] != 0).map(|(step, _)| *step).collect();
+    assert_eq!(trained, vec![3, 4], "two steps trained above the start version 2: {steps:?}");
+    assert_eq!(steps[0].0, 2, "{steps:?}");
+    assert_eq!(steps[0].1["republished"], "start model", "{steps:?}");
+    until_served(&policy_addr, 4, "the second run's last step").await?;
+    Ok(())
+}
+
 /// Checkpoints to `s3://` (a real S3 API server), and the policy server
 /// loading the learner's merged export straight from there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

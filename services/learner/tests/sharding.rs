@@ -48,7 +48,7 @@ fn steps() -> Vec<Vec<Sample>> {
                     let behaviour = (0..prompt + sampled)
                         .map(|j| if j >= prompt { -3.3 - 0.01 * next(20) as f32 } else { 0.0 })
                         .collect();
-                    Sample { tokens, mask, behaviour, advantage: if i % 2 == 0 { 1.0 } else { -0.7 } }
+                    Sample::unsampled(tokens, mask, behaviour, if i % 2 == 0 { 1.0 } else { -0.7 })
                 })
                 .collect()
         })

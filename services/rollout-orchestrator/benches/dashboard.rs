@@ -48,6 +48,7 @@ fn segment(turn: u32, kind: SegmentKind, tokens: usize, version: u64) -> TraceSe
         loss_mask: vec![u8::from(policy); tokens],
         logprobs: if policy { (0..tokens).map(|i| -((i % 13) as f32) / 7.0).collect() } else { Vec::new() },
         policy_version: version,
+        temperature: if policy { 0.7 } else { 0.0 },
     }
 }
 

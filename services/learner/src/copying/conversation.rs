@@ -154,7 +154,8 @@ pub(crate) fn repeated(source: &Source, renderer: &ReplyRenderer, draw: &mut Dra
     let tokens: Vec<i64> = once.iter().chain(once).copied().collect();
     // The first token of the copy is not predictable; the rest are.
     let mask = (0..tokens.len()).map(|j| if j > once.len() { 1.0 } else { 0.0 }).collect();
-    Ok(Sample { behaviour: vec![0.0; tokens.len()], tokens, mask, advantage: 0.0 })
+    let behaviour = vec![0.0; tokens.len()];
+    Ok(Sample::unsampled(tokens, mask, behaviour, 0.0))
 }
 
 fn search(tool: &str, query: &str) -> String {
