@@ -42,6 +42,9 @@ struct DivideArgs {
     /// Seeds the order groups of questions are dealt out in.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Refuse when a part would get fewer questions than this.
+    #[arg(long, default_value_t = sleuth_beir::divide::MIN_QUESTIONS, value_parser = clap::builder::TypedValueParser::map(clap::value_parser!(u64).range(1..), |n| n as usize))]
+    min_questions: usize,
 }
 
 #[derive(Args, Debug)]
@@ -66,9 +69,23 @@ pub fn run(args: DataArgs) -> anyhow::Result<()> {
 fn divide(args: DivideArgs) -> anyhow::Result<()> {
     anyhow::ensure!(!args.out.exists(), "{} already exists; choose a new directory", args.out.display());
     let source = sleuth_beir::BeirDir::new(&args.source);
-    let counts = sleuth_beir::divide::write_divided(&source, &args.from, &args.into, args.seed, &args.out)?;
-    let parts: Vec<String> = counts.iter().map(|(part, n)| format!("{part} {n}")).collect();
+    let division =
+        sleuth_beir::divide::write_divided(&source, &args.from, &args.into, args.seed, args.min_questions, &args.out)?;
+    let parts: Vec<String> =
+        args.into.iter().map(|p| format!("{} {}", p.name, division.parts[&p.name].len())).collect();
     println!("wrote {}: split {} divided into {}", args.out.display(), args.from, parts.join(", "));
+    let shown: Vec<String> = division.hubs.iter().take(5).map(|(d, n)| format!("{d} ({n})")).collect();
+    let hubs = match division.hubs.len() {
+        0 => "no hub document".to_owned(),
+        n => format!(
+            "{n} hub documents judged by many questions, whose questions may fall in any part: {}",
+            shown.join(", ")
+        ),
+    };
+    println!(
+        "  questions sharing a judged document kept together in groups of up to {}; {hubs}",
+        division.largest_group
+    );
     Ok(())
 }
 
