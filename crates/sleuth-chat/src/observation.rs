@@ -92,15 +92,31 @@ pub fn bridge_query(hits: &[ListedHit], known: &[String]) -> Option<String> {
     hits.iter().flat_map(|hit| names(&hit.text)).find(new).map(|name| format!(" {name}"))
 }
 
-/// The documents the searches of an episode found (each search's hit ids,
-/// in order), the latest search's first, each document once, at most
-/// `limit` of them: what a submission without ids ranks. The latest search
-/// first because a multi-hop search ends at the answer, which its first
-/// search (the question) could not reach.
-pub fn ranking(searches: &[Vec<String>], limit: usize) -> Vec<String> {
+/// What one search of an episode found: its hits' ids, best first, of
+/// which the first `shown` were in the observation (the rest were ranked
+/// deeper, see `CallToolRequest.ranking_depth`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Searched {
+    pub ids: Vec<String>,
+    pub shown: usize,
+}
+
+/// The documents the searches of an episode found, each once, at most
+/// `limit` of them: what a submission without ids ranks. First every
+/// search's shown hits, the latest search's first, because a multi-hop
+/// search ends at the answer, which its first search (the question) could
+/// not reach; then the hits ranked below those shown, again latest first.
+/// An agent that submits after its opening search so ranks exactly that
+/// search's top `limit`, the depth the metric scores.
+pub fn ranking(searches: &[Searched], limit: usize) -> Vec<String> {
+    let shown = searches.iter().rev().flat_map(|s| &s.ids[..s.shown.min(s.ids.len())]);
+    let deeper = searches.iter().rev().flat_map(|s| &s.ids[s.shown.min(s.ids.len())..]);
     let mut ranking: Vec<String> = Vec::new();
-    for id in searches.iter().rev().flatten() {
-        if !ranking.contains(id) && ranking.len() < limit {
+    for id in shown.chain(deeper) {
+        if ranking.len() == limit {
+            break;
+        }
+        if !ranking.contains(id) {
             ranking.push(id.clone());
         }
     }
@@ -182,10 +198,19 @@ mod tests {
 
     #[test]
     fn the_searched_ranking_puts_the_latest_search_first_and_each_document_once() {
+        let searched =
+            |ids: &[&str], shown: usize| Searched { ids: ids.iter().map(|id| (*id).to_owned()).collect(), shown };
         let ids = |ids: &[&str]| ids.iter().map(|id| (*id).to_owned()).collect::<Vec<_>>();
-        let searches = [ids(&["o3", "do3"]), ids(&["p3", "o3"]), ids(&["c1"])];
+        let searches = [searched(&["o3", "do3"], 2), searched(&["p3", "o3"], 2), searched(&["c1"], 1)];
         assert_eq!(ranking(&searches, 10), ids(&["c1", "p3", "o3", "do3"]));
         assert_eq!(ranking(&searches, 2), ids(&["c1", "p3"]));
         assert!(ranking(&[], 10).is_empty());
+        // Ranked deeper than shown: after every shown hit, latest search first.
+        let deep = [searched(&["a1", "a2", "a3", "a4"], 2), searched(&["b1", "a1", "b3", "b4"], 2)];
+        assert_eq!(ranking(&deep, 10), ids(&["b1", "a1", "a2", "b3", "b4", "a3", "a4"]));
+        // One search ranked to the metric's depth: exactly its top 10.
+        let top: Vec<String> = (1..=12).map(|i| format!("d{i}")).collect();
+        let opening = [Searched { ids: top.clone(), shown: 5 }];
+        assert_eq!(ranking(&opening, 10), top[..10].to_vec());
     }
 }

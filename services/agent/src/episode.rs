@@ -2,7 +2,7 @@
 //! the observations back, until it submits a ranking or a budget ends it.
 //! History is never truncated; the outcome says what ended the episode.
 
-use sleuth_chat::observation::{SEARCH_HITS, SUBMITTED, ranking};
+use sleuth_chat::observation::{SEARCH_HITS, SUBMITTED, Searched, ranking};
 use sleuth_chat::tools::SEARCH_TOOLS;
 use sleuth_kit::client::{MeshChannel, within};
 use sleuth_proto::agent::v1::{AgentConfig, RunEpisodeRequest};
@@ -107,7 +107,7 @@ pub async fn run(clients: &Clients, request: &RunEpisodeRequest) -> Episode {
             };
             let mut used_tokens = 0u32;
             // Each search's hit ids, in order: what a submission without ids ranks.
-            let mut searches: Vec<Vec<String>> = Vec::new();
+            let mut searches: Vec<Searched> = Vec::new();
             if !config.opening_search.is_empty() {
                 let cap = budget.observation_char_cap;
                 let opened =
@@ -211,7 +211,7 @@ async fn open(
     offered: &[ToolSpec],
     cap: u32,
     messages: &mut Vec<ChatMessage>,
-    searches: &mut Vec<Vec<String>>,
+    searches: &mut Vec<Searched>,
 ) -> Option<End> {
     if !offered.iter().any(|t| t.name == tool) {
         let why = format!("config.opening_search {tool:?} is not among the tools offered to this episode");
@@ -270,7 +270,7 @@ async fn run_tools(
     reply: &ChatMessage,
     cap: u32,
     messages: &mut Vec<ChatMessage>,
-    searches: &mut Vec<Vec<String>>,
+    searches: &mut Vec<Searched>,
 ) -> Option<End> {
     for call in &reply.tool_calls {
         if call.name == SUBMIT_TOOL {
@@ -290,13 +290,21 @@ async fn run_tools(
             arguments_json: call.arguments_json.clone(),
             observation_char_cap: cap,
             episode_id: episode_id.to_owned(),
+            // A submission without ids ranks to the depth the metric scores.
+            ranking_depth: SUBMITTED as u32,
         };
         let observation =
             match within(clients.tool_timeout, request, async |r| clients.tools.clone().call_tool(r).await).await {
                 Ok(response) => {
                     let response = response.into_inner();
                     if !response.hits.is_empty() {
-                        searches.push(response.hits.into_iter().map(|hit| hit.doc_id).collect());
+                        // A gateway that ranks no deeper than it shows leaves `hits_shown` 0.
+                        let shown = match response.hits_shown as usize {
+                            0 => response.hits.len(),
+                            shown => shown,
+                        };
+                        let ids = response.hits.into_iter().map(|hit| hit.doc_id).collect();
+                        searches.push(Searched { ids, shown });
                     }
                     response.observation
                 }

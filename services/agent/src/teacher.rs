@@ -135,8 +135,9 @@ impl Teacher {
     }
 
     /// A submission without ids: what the searches found, the last search's
-    /// first (`sleuth_chat::observation::ranking`). The same ranking as
-    /// listing the ids, in fewer tokens and with no id to copy wrong.
+    /// first, then the hits ranked below those shown
+    /// (`sleuth_chat::observation::ranking`). The ids it saw, listed, would
+    /// rank fewer documents, in more tokens, with ids to copy wrong.
     fn submit(&self) -> String {
         call(SUBMIT_TOOL, &json!({}))
     }

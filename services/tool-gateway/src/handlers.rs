@@ -24,6 +24,10 @@ use crate::vectors::VectorSearch;
 /// Largest `k` of the typed Search RPC.
 pub const MAX_SEARCH_K: u32 = 1000;
 
+/// The most hits a tool call may rank beyond those it shows
+/// (`CallToolRequest.ranking_depth`).
+pub const MAX_RANKING_DEPTH: u32 = 100;
+
 /// State shared by the handlers.
 #[derive(Clone)]
 pub struct Handlers {
@@ -338,6 +342,14 @@ impl Handlers {
         let collection = self.collections.get(&request.collection)?;
         let call = tools::parse_call(&request.name, &request.arguments_json)?;
         let cap = request.observation_char_cap as usize;
+        if request.ranking_depth > MAX_RANKING_DEPTH {
+            return Err(Error::InvalidArgument(format!(
+                "ranking_depth must be at most {MAX_RANKING_DEPTH}, got {}",
+                request.ranking_depth
+            ))
+            .into());
+        }
+        let depth = request.ranking_depth as usize;
         let vector = match &call {
             ToolCall::HybridSearch { .. } if !self.hybrid_tool => {
                 return Err(Error::InvalidArgument(
@@ -351,11 +363,12 @@ impl Handlers {
             ToolCall::Bm25Search { .. } | ToolCall::ReadDocument { .. } => None,
         };
         let searched = collection.clone();
-        let observation = blocking(move || tools::execute(&searched, &call, vector.as_deref(), cap)).await?;
+        let observation = blocking(move || tools::execute(&searched, &call, vector.as_deref(), cap, depth)).await?;
         Ok(Response::new(pb::CallToolResponse {
             observation: observation.text,
             truncated: observation.truncated,
             hits: hits_to_proto(&collection, &observation.hits),
+            hits_shown: observation.shown as u32,
             document: observation.document.map(|ordinal| {
                 let document = collection.document(ordinal);
                 pb::Document { doc_id: document.id.clone(), title: document.title.clone(), text: document.text.clone() }

@@ -153,35 +153,42 @@ fn invalid(message: String) -> Error {
 pub struct Observation {
     pub text: String,
     pub truncated: bool,
+    /// Every hit ranked, best first.
     pub hits: Vec<Hit>,
+    /// How many of `hits` the text shows.
+    pub shown: usize,
     pub document: Option<u32>,
 }
 
 /// Runs `call` against `collection` (blocking: searches are CPU work) and
 /// renders the observation, capped at `char_cap` characters (0 = no cap).
-/// A vector search needs the query's embedding, computed by the caller.
+/// A search ranks `max(k, depth)` hits and shows the first `k` (see
+/// `CallToolRequest.ranking_depth`). A vector search needs the query's
+/// embedding, computed by the caller.
 pub fn execute(
     collection: &Collection,
     call: &ToolCall,
     query_vector: Option<&[f32]>,
     char_cap: usize,
+    depth: usize,
 ) -> Result<Observation, Error> {
-    let (text, hits, document) = match call {
+    let embedded =
+        |what: &str| query_vector.ok_or_else(|| Error::Internal(format!("{what} without a query embedding")));
+    let (text, hits, shown, document) = match call {
         ToolCall::Bm25Search { query, k } => {
-            let hits = collection.bm25(query, *k)?;
-            (render_hits(collection, BM25_SEARCH, query, &hits), hits, None)
+            let hits = collection.bm25(query, depth.max(*k))?;
+            let shown = hits.len().min(*k);
+            (render_hits(collection, BM25_SEARCH, query, &hits[..shown]), hits, shown, None)
         }
         ToolCall::VectorSearch { query, k } => {
-            let vector =
-                query_vector.ok_or_else(|| Error::Internal("vector search without a query embedding".to_owned()))?;
-            let hits = collection.vector_search(vector, *k)?;
-            (render_hits(collection, VECTOR_SEARCH, query, &hits), hits, None)
+            let hits = collection.vector_search(embedded("vector search")?, depth.max(*k))?;
+            let shown = hits.len().min(*k);
+            (render_hits(collection, VECTOR_SEARCH, query, &hits[..shown]), hits, shown, None)
         }
         ToolCall::HybridSearch { query, k } => {
-            let vector =
-                query_vector.ok_or_else(|| Error::Internal("hybrid search without a query embedding".to_owned()))?;
-            let hits = collection.hybrid(query, vector, *k)?;
-            (render_hits(collection, HYBRID_SEARCH, query, &hits), hits, None)
+            let hits = collection.hybrid(query, embedded("hybrid search")?, depth.max(*k))?;
+            let shown = hits.len().min(*k);
+            (render_hits(collection, HYBRID_SEARCH, query, &hits[..shown]), hits, shown, None)
         }
         ToolCall::ReadDocument { doc_id } => {
             let Some(document) = collection.document_by_id(doc_id) else {
@@ -192,11 +199,11 @@ pub fn execute(
                 )));
             };
             let ordinal = collection.ordinal(doc_id).expect("document was found by id");
-            (render_document(document), Vec::new(), Some(ordinal))
+            (render_document(document), Vec::new(), 0, Some(ordinal))
         }
     };
     let (text, truncated) = cap(text, char_cap);
-    Ok(Observation { text, truncated, hits, document })
+    Ok(Observation { text, truncated, hits, shown, document })
 }
 
 fn render_hits(collection: &Collection, tool: &str, query: &str, hits: &[Hit]) -> String {

@@ -113,6 +113,7 @@ async fn serves_tools_over_scifact_with_clear_errors_and_under_concurrency() -> 
         arguments_json: args.into(),
         observation_char_cap: cap,
         episode_id: "ep-1".into(),
+        ranking_depth: 0,
     };
     let found = tools
         .call_tool(call(
@@ -125,6 +126,23 @@ async fn serves_tools_over_scifact_with_clear_errors_and_under_concurrency() -> 
     assert_eq!(found.hits.len(), 5);
     assert_eq!(found.hits[0].doc_id, "4983", "the SciFact document with exactly this title ranks first");
     assert!(found.observation.contains("doc_id: 4983") && found.observation.chars().count() <= 1200);
+    assert_eq!(found.hits_shown, 5);
+    // Ranked to a depth of 10 (a submission without ids keeps it), shown to the k of 5.
+    let deep = pb::CallToolRequest {
+        ranking_depth: 10,
+        ..call(
+            "bm25_search",
+            r#"{"query": "microstructural development of human newborn cerebral white matter", "k": 5}"#,
+            0,
+        )
+    };
+    let deep = tools.call_tool(deep).await?.into_inner();
+    assert_eq!((deep.hits.len(), deep.hits_shown), (10, 5));
+    assert_eq!(deep.hits[..5], found.hits[..], "the same five first");
+    assert_eq!(deep.observation.matches("doc_id: ").count(), 5, "only the k asked for are shown");
+    let too_deep = pb::CallToolRequest { ranking_depth: 101, ..call("bm25_search", r#"{"query": "x"}"#, 0) };
+    let status = tools.call_tool(too_deep).await.unwrap_err();
+    assert!(status.message().contains("ranking_depth must be at most 100, got 101"), "{status:?}");
     let read = tools.call_tool(call("read_document", r#"{"doc_id": "4983"}"#, 0)).await?.into_inner();
     assert!(read.document.context("read_document returns the document")?.text.len() > 500);
     let capped = tools.call_tool(call("read_document", r#"{"doc_id": "4983"}"#, 200)).await?.into_inner();
@@ -251,6 +269,7 @@ async fn vector_search_on_scifact_matches_the_published_figure_and_is_served() -
             arguments_json: serde_json::json!({"query": "vitamin D deficiency", "k": 10}).to_string(),
             observation_char_cap: 0,
             episode_id: String::new(),
+            ranking_depth: 0,
         })
         .await?
         .into_inner();
@@ -263,6 +282,7 @@ async fn vector_search_on_scifact_matches_the_published_figure_and_is_served() -
         arguments_json: serde_json::json!({"query": query, "k": 3}).to_string(),
         observation_char_cap: 1200,
         episode_id: String::new(),
+        ranking_depth: 0,
     };
     let found = tools.call_tool(request("how does the newborn brain's white matter develop?")).await?.into_inner();
     assert_eq!(found.hits.len(), 3);
