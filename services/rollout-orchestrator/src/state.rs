@@ -35,6 +35,19 @@ pub struct State {
     db: Database,
 }
 
+/// The columns of a run's row, named: never `SELECT *`. A SQLite
+/// connection that prepared `SELECT *` before another connection's migration
+/// added columns is re-prepared by SQLite with more columns than the driver
+/// cached, and the driver panics reading the row (seen when the learner and
+/// the orchestrator start together and one of them migrates). A named list
+/// has the same columns however often it is prepared.
+/// (A macro so queries stay `&'static str` for sqlx.)
+macro_rules! run_columns {
+    () => {
+        "run_id, spec, status, detail, created_unix, updated_unix, groups_total, groups_published, episodes_finished"
+    };
+}
+
 impl State {
     /// The state in `db`, its schema migrated to this build's version.
     pub async fn open(db: Database) -> Result<Self, StoreError> {
@@ -104,6 +117,7 @@ impl State {
         Ok(())
     }
 
+    /// A run from its row (the columns of `run_columns!`).
     fn run_from(row: &sqlx::any::AnyRow) -> Result<Run, sqlx::Error> {
         let spec: String = row.try_get("spec")?;
         let created: i64 = row.try_get("created_unix")?;
@@ -134,7 +148,7 @@ impl State {
     }
 
     pub async fn run(&self, run_id: &str) -> Result<Option<Run>, StoreError> {
-        let row = sqlx::query("SELECT * FROM runs WHERE run_id = $1")
+        let row = sqlx::query(concat!("SELECT ", run_columns!(), " FROM runs WHERE run_id = $1"))
             .bind(run_id)
             .fetch_optional(self.db.pool())
             .await
@@ -144,18 +158,22 @@ impl State {
 
     /// Runs, newest first, after `offset`.
     pub async fn runs(&self, offset: i64, limit: i64) -> Result<Vec<Run>, StoreError> {
-        let rows = sqlx::query("SELECT * FROM runs ORDER BY created_unix DESC, run_id DESC LIMIT $1 OFFSET $2")
-            .bind(limit)
-            .bind(offset)
-            .fetch_all(self.db.pool())
-            .await
-            .map_err(|e| self.error(e))?;
+        let rows = sqlx::query(concat!(
+            "SELECT ",
+            run_columns!(),
+            " FROM runs ORDER BY created_unix DESC, run_id DESC LIMIT $1 OFFSET $2"
+        ))
+        .bind(limit)
+        .bind(offset)
+        .fetch_all(self.db.pool())
+        .await
+        .map_err(|e| self.error(e))?;
         rows.iter().map(|r| Self::run_from(r).map_err(|e| self.error(e))).collect()
     }
 
     /// Runs still running (to resume after a restart).
     pub async fn unfinished(&self) -> Result<Vec<Run>, StoreError> {
-        let rows = sqlx::query("SELECT * FROM runs WHERE status = $1")
+        let rows = sqlx::query(concat!("SELECT ", run_columns!(), " FROM runs WHERE status = $1"))
             .bind(RunStatus::Running as i32)
             .fetch_all(self.db.pool())
             .await

@@ -148,6 +148,28 @@ async fn upgrade(database: Database) -> Result<()> {
     Ok(())
 }
 
+/// A newer release's migration adds a column while this one keeps running
+/// (a rolling upgrade; the learner and the orchestrator starting together
+/// is the same race). This build's connection prepared its reads of a run
+/// before, and SQLite re-prepares them against the new schema: the rows
+/// must still read as this build's runs, not crash the driver.
+#[tokio::test]
+async fn a_run_reads_whole_after_another_connection_adds_a_column() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let url = format!("sqlite://{}", dir.path().join("runs.db").display());
+    let state = State::open(Database::open(&url)?).await?;
+    assert!(state.create("r", &RunSpec::default()).await?);
+    assert!(state.run("r").await?.is_some());
+    assert_eq!(state.runs(0, 10).await?.len(), 1);
+    let newer = Database::open(&url)?;
+    sqlx::query("ALTER TABLE runs ADD COLUMN from_a_later_release TEXT").execute(newer.pool()).await?;
+    let run = state.run("r").await?.expect("the run");
+    assert_eq!((run.run_id.as_str(), run.status), ("r", RunStatus::Running as i32));
+    assert_eq!(state.runs(0, 10).await?.len(), 1);
+    assert_eq!(state.unfinished().await?.len(), 1);
+    Ok(())
+}
+
 #[tokio::test]
 async fn an_old_sqlite_database_upgrades_with_its_rows_kept() -> Result<()> {
     let dir = tempfile::tempdir()?;
