@@ -16,7 +16,7 @@ use futures::StreamExt;
 use sleuth_kit::client::MeshChannel;
 use sleuth_metrics::reward::{FAILURE_RATE, NdcgReward, Reward, outcome_name};
 use sleuth_proto::agent::v1::RunEpisodeRequest;
-use sleuth_proto::common::v1::{Episode, EpisodeOutcome, Task};
+use sleuth_proto::common::v1::{Episode, EpisodeOutcome, SegmentKind, Task};
 use sleuth_proto::rollout::v1::{EvaluateRequest, Evaluation, RunStatus};
 use sleuth_proto::tools::v1::tool_gateway_client::ToolGatewayClient;
 use sleuth_proto::tools::v1::{SearchMethod, SearchRequest};
@@ -73,6 +73,9 @@ struct Scored {
     turns: Vec<u32>,
     tokens: Vec<u32>,
     first_ranking: Vec<(String, f64)>,
+    /// The policy versions that sampled the episodes' tokens (from their
+    /// traces), oldest and newest; `None` when no token was sampled.
+    served: Option<(u64, u64)>,
 }
 
 impl Scored {
@@ -118,7 +121,7 @@ impl Evaluator {
         self.jobs.lock().expect("jobs").insert(id.clone(), evaluation.clone());
         let evaluator = self.clone();
         tokio::spawn(async move {
-            let result = evaluator.run(&id, contender, tasks, &request, &reward).await;
+            let result = evaluator.run(&id, contender, tasks, &request, &reward, None).await;
             let mut jobs = evaluator.jobs.lock().expect("jobs");
             if let Some(job) = jobs.get_mut(&id) {
                 match result {
@@ -139,7 +142,9 @@ impl Evaluator {
     }
 
     /// Evaluates `contender` on `tasks`; writes the report files under `id`.
-    /// Returns the metrics and each task's nDCG@10.
+    /// Returns the metrics and each task's nDCG@10. `of_run` names the
+    /// training run whose policy is validated: its episodes are served by
+    /// its current weights or newer, never by a server still on older ones.
     pub(crate) async fn run(
         &self,
         id: &str,
@@ -147,15 +152,20 @@ impl Evaluator {
         tasks: Vec<Task>,
         request: &EvaluateRequest,
         reward: &NdcgReward,
+        of_run: Option<&str>,
     ) -> Result<(HashMap<String, f64>, HashMap<String, f64>), String> {
+        let of_run = of_run.map(str::to_owned);
         let samples = request.samples_per_task.max(1);
         let scored: Vec<Result<Scored, String>> = futures::stream::iter(tasks)
             .map(|task| {
                 let (this, id, request, reward) = (self.clone(), id.to_owned(), request.clone(), reward.clone());
+                let of_run = of_run.clone();
                 async move {
                     let scored = match contender {
                         Contender::Baseline(method) => this.baseline(&task, method).await,
-                        Contender::Policy => this.policy(&id, &task, samples, &request, &reward).await,
+                        Contender::Policy => {
+                            this.policy(&id, of_run.as_deref(), &task, samples, &request, &reward).await
+                        }
                     };
                     if let Some(job) = this.jobs.lock().expect("jobs").get_mut(&id) {
                         job.tasks_done += 1;
@@ -198,12 +208,14 @@ impl Evaluator {
             turns: vec![0],
             tokens: vec![0],
             first_ranking: hits.into_iter().map(|h| (h.doc_id, f64::from(h.score))).collect(),
+            served: None,
         })
     }
 
     async fn policy(
         &self,
         id: &str,
+        of_run: Option<&str>,
         task: &Task,
         samples: u32,
         request: &EvaluateRequest,
@@ -217,10 +229,12 @@ impl Evaluator {
             turns: Vec::new(),
             tokens: Vec::new(),
             first_ranking: Vec::new(),
+            served: None,
         };
         for sample in 0..samples {
             let episode_request = RunEpisodeRequest {
-                run_id: id.to_owned(),
+                // The inference gateway serves a run's turns by its current weights or newer.
+                run_id: of_run.unwrap_or(id).to_owned(),
                 episode_id: String::new(),
                 sample_index: sample,
                 task: Some(task.clone()),
@@ -240,6 +254,16 @@ impl Evaluator {
             scored.outcomes.push(episode.outcome());
             scored.turns.push(episode.turns);
             scored.tokens.push(episode.total_tokens);
+            let sampled_by = episode
+                .trace
+                .iter()
+                .flat_map(|t| &t.segments)
+                .filter(|s| s.kind == SegmentKind::Policy as i32 && !s.token_ids.is_empty())
+                .map(|s| s.policy_version);
+            for version in sampled_by {
+                let (oldest, newest) = scored.served.get_or_insert((version, version));
+                (*oldest, *newest) = ((*oldest).min(version), (*newest).max(version));
+            }
             if sample == 0 {
                 let n = episode.ranking.len() as f64;
                 scored.first_ranking =
@@ -304,5 +328,17 @@ fn summarise(scored: &[Scored], k: usize) -> BTreeMap<String, f64> {
             *metrics.entry(format!("{FAILURE_RATE}{}", outcome_name(*outcome))).or_insert(0.0) += 1.0 / samples;
         }
     }
+    // Which weights the policy's answers came from: a validation is only
+    // one version's when both are that version.
+    let served = scored.iter().filter_map(|s| s.served);
+    if let Some((oldest, newest)) = served.reduce(|a, b| (a.0.min(b.0), a.1.max(b.1))) {
+        metrics.insert(SERVED_OLDEST.to_owned(), oldest as f64);
+        metrics.insert(SERVED_NEWEST.to_owned(), newest as f64);
+    }
     metrics
 }
+
+/// The oldest policy version that sampled a token of a policy evaluation.
+pub(crate) const SERVED_OLDEST: &str = "served_version_oldest";
+/// The newest policy version that sampled a token of a policy evaluation.
+pub(crate) const SERVED_NEWEST: &str = "served_version_newest";

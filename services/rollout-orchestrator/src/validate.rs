@@ -5,8 +5,11 @@
 //! run made), the run evaluates the served policy on its validation
 //! set with the evaluation harness (greedy, no teacher: the policy itself),
 //! and records nDCG@10, reward, failure rates, turns and tokens per version.
-//! New training groups wait while it runs, so the version stays put (at most
-//! the step already in flight completes). The best version is the one with
+//! New training groups wait while it runs, so the version stays put, except
+//! for steps of groups already in flight (up to `max_staleness + 1`). Its
+//! turns are served by the run's current weights or newer (never by a
+//! server still on older ones), and its metrics record the oldest and newest
+//! version that sampled its tokens (`served_version_oldest`/`_newest`). The best version is the one with
 //! the highest validation nDCG@10, never the highest training reward:
 //! policies trained this way over-optimise late in a run.
 
@@ -20,7 +23,7 @@ use sleuth_proto::rollout::v1::{EvaluateRequest, RunSpec, Validation};
 use sleuth_store::trajectories;
 use tokio::sync::watch;
 
-use crate::evaluate::{Contender, Evaluator};
+use crate::evaluate::{Contender, Evaluator, SERVED_NEWEST, SERVED_OLDEST};
 use crate::state::State;
 
 /// How often the validator looks at the learner's version.
@@ -165,9 +168,25 @@ impl Validator {
     async fn validate(&self, version: u64) -> Result<(), String> {
         let id = format!("{}-validation-v{version}", self.run_id);
         tracing::info!(run = %self.run_id, version, tasks = self.tasks.len(), "validating");
-        let (metrics, _) =
-            self.evaluator.run(&id, Contender::Policy, self.tasks.clone(), &self.request, &self.reward).await?;
+        let (metrics, _) = self
+            .evaluator
+            .run(&id, Contender::Policy, self.tasks.clone(), &self.request, &self.reward, Some(&self.run_id))
+            .await?;
         tracing::info!(run = %self.run_id, version, ndcg = metrics.get("ndcg@10").copied().unwrap_or_default(), "validated");
+        // Turns are served by the run's current weights or newer, so the
+        // label is the oldest; steps that land meanwhile show as newer ones.
+        let served = |key| metrics.get(key).map(|&v| v as u64);
+        if let (Some(oldest), Some(newest)) = (served(SERVED_OLDEST), served(SERVED_NEWEST))
+            && (oldest, newest) != (version, version)
+        {
+            tracing::warn!(
+                run = %self.run_id,
+                version,
+                oldest,
+                newest,
+                "the validation was served by other versions than the one it is labelled with (see its served_version metrics)"
+            );
+        }
         let validation = Validation { version, metrics, evaluation_id: id };
         self.state.record_validation(&self.run_id, &validation).await.map_err(|e| e.to_string())
     }
