@@ -199,6 +199,9 @@ async fn an_sft_run_imitates_the_teachers_best_episodes_from_one_spec() -> Resul
     assert_eq!(*last, ended_on, "the last version is validated: {versions:?}");
     for validation in &finished.validations {
         assert_eq!(validation.metrics.get("ndcg@10"), Some(&0.0), "{validation:?}");
+        // Served by the validated weights or newer, never by a server behind them.
+        let oldest = validation.metrics.get("served_version_oldest").copied();
+        assert!(oldest.is_some_and(|v| v >= validation.version as f64), "{validation:?}");
         let report = scratch.path().join("evaluations").join(format!("{}.json", validation.evaluation_id));
         assert!(report.is_file(), "{} missing", report.display());
     }
