@@ -8,18 +8,19 @@
 #   3. start the mesh (Redis, orchestrator, agent worker, tool gateway,
 #      inference gateway, policy server) with the base;
 #   4. trajectory SFT on half of the train questions: a run whose episodes
-#      a scripted teacher plays (`agent.teacher: mixture`), trained on those
-#      rewarded at least `sft_min_reward` with copy pre-training's
+#      a scripted teacher plays (`agent.teacher: mixture`), trained on each
+#      question's best (rejection sampling) rewarded at least `sft_min_reward`, with copy pre-training's
 #      conversations rehearsed in every step, validated every few steps;
 #      every episode opens with BM25 on the question (`agent.opening_search`),
 #      so each turn chooses between following a bridge named in the results
 #      and submitting;
 #   5. GRPO on the other half, from the SFT run's best validated checkpoint
 #      (`policy.from_run`), the policy's own episodes, validated every few steps;
-#   6. evaluate on the test split: BM25 and (with vectors) hybrid search on
-#      the question, the teacher, the base, SFT and GRPO (each run's best
-#      version by validation, never by training reward), and print one table
-#      with nDCG@10 and its paired 95 % bootstrap interval against SFT.
+#   6. evaluate on the test split: BM25, BM25+RM3 and (with vectors) hybrid
+#      search on the question, the scripted multi-hop search chosen on
+#      validation, the teacher's mixture, the base, SFT and GRPO (each run's
+#      best version by validation, never by training reward), and print one
+#      table with nDCG@10 and its paired 95 % bootstrap interval against SFT.
 #
 # Usage (through make, which builds first and sets CARGO_TARGET_DIR):
 #   make train SOURCE=DIR COLLECTION=NAME [ARGS="--policy DIR --vectors ..."]
@@ -46,7 +47,7 @@ source "$(dirname "$0")/mesh.sh"
 
 source="" collection="" policy="" work="" vectors=0 index_vectors=0
 copy_steps=800 train_limit=0 eval_limit=0 sft_epochs=2 grpo_epochs=2
-usage() { sed -n '2,41p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,42p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 while (($#)); do
   case "$1" in
     --source) source="$2"; shift 2 ;;
@@ -174,9 +175,26 @@ agent:
 training: {learning_rate: 2.0e-3, lr_schedule: cosine, checkpoint_every: 10, eval_every: 10, sft_min_reward: 0.3, copy_rehearsal: 48}"
 train sft "$(tail -n 8 "$work/sft.yaml")"
 
+# Baselines a practitioner would try first: one search of the question
+# (BM25, BM25 with RM3 pseudo-relevance feedback, hybrid), and the scripted
+# multi-hop search: the teacher's fixed strategy (bm25:0, 1 or 2 hops) that
+# scores best on the validation split, then evaluated once on test.
 # Every policy row runs with the SFT run's agent settings, greedy.
 evaluate bm25 --contender bm25
+evaluate rm3 --contender rm3
 ((index_vectors)) && evaluate hybrid --contender hybrid
+best_strategy="" best_score=-1
+for strategy in bm25:0 bm25:1 bm25:2; do
+  say "[$(elapsed)] scripted $strategy on the validation split"
+  score="$("$bin/sleuth" eval --source "$tasks" --collection "$collection" --split validation --limit "$eval_limit" \
+    --teacher "$strategy" --agent-from sft | awk '$1 == "ndcg@10" {print $2}')"
+  say "scripted $strategy: validation nDCG@10 ${score:-none}"
+  [[ -n "$score" ]] && awk -v a="$score" -v b="$best_score" 'BEGIN {exit !(a > b)}' \
+    && best_strategy="$strategy" best_score="$score"
+done
+[[ -n "$best_strategy" ]] || { say "no scripted strategy was scored on validation"; exit 1; }
+say "scripted baseline: $best_strategy (validation nDCG@10 $best_score)"
+evaluate scripted --teacher "$best_strategy" --agent-from sft
 evaluate teacher --teacher mixture --agent-from sft
 serve "$policy"
 evaluate base --agent-from sft

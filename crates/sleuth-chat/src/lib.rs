@@ -6,6 +6,7 @@
 //! `tojson`, `raise_exception`), so the gateway's token ids match what the
 //! model was trained with.
 
+pub mod bridge;
 pub mod observation;
 pub mod template;
 pub mod tool_calls;

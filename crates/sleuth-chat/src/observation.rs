@@ -78,20 +78,6 @@ pub fn parse_search_results(observation: &str) -> Vec<ListedHit> {
     hits
 }
 
-/// The query that follows a bridge: the first name in `hits` that none of
-/// `known` (the question and the queries searched so far) holds, ignoring
-/// case, after a space. The space makes the query's tokens the name's tokens
-/// in the results: byte-level BPE tokenizers (GPT-2's, Qwen's, a fresh
-/// policy's) fold a word's leading space into its first token, so
-/// `"query": "Raklon` would spell the first word with tokens the results
-/// never show, and a policy could only recall names, not copy new ones.
-/// Searches ignore the space.
-pub fn bridge_query(hits: &[ListedHit], known: &[String]) -> Option<String> {
-    let known: Vec<String> = known.iter().map(|k| k.to_lowercase()).collect();
-    let new = |name: &String| !known.iter().any(|k| k.contains(&name.to_lowercase()));
-    hits.iter().flat_map(|hit| names(&hit.text)).find(new).map(|name| format!(" {name}"))
-}
-
 /// What one search of an episode found: its hits' ids, best first, of
 /// which the first `shown` were in the observation (the rest were ranked
 /// deeper, see `CallToolRequest.ranking_depth`).
@@ -123,59 +109,9 @@ pub fn ranking(searches: &[Searched], limit: usize) -> Vec<String> {
     ranking
 }
 
-/// Runs of capitalised words in `text`, in order: names, the bridges a
-/// multi-hop search follows. A single word that starts a sentence is only
-/// capitalised by position, and is skipped.
-pub fn names(text: &str) -> Vec<String> {
-    let mut found = Vec::new();
-    let mut run: Vec<&str> = Vec::new();
-    let mut sentence_start = true;
-    let mut close = |run: &mut Vec<&str>, started_sentence: bool| {
-        if run.len() > 1 || (run.len() == 1 && !started_sentence) {
-            found.push(run.join(" "));
-        }
-        run.clear();
-    };
-    let mut run_started_sentence = false;
-    for raw in text.split_whitespace() {
-        let word = raw.trim_matches(|c: char| !c.is_alphanumeric());
-        let capitalised = word.chars().next().is_some_and(char::is_uppercase) && word.chars().all(char::is_alphabetic);
-        if capitalised {
-            if run.is_empty() {
-                run_started_sentence = sentence_start;
-            }
-            run.push(word);
-        } else {
-            close(&mut run, run_started_sentence);
-        }
-        if !raw.ends_with(|c: char| c.is_alphanumeric()) {
-            close(&mut run, run_started_sentence);
-        }
-        sentence_start = raw.ends_with(['.', '?', '!', ':']);
-    }
-    close(&mut run, run_started_sentence);
-    found
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn names_are_runs_of_capitalised_words_not_sentence_starts() {
-        let text = "Klabou Atelier was started by Ada Varnok in 1903. It makes kettles. Ada enjoys Foukur.";
-        assert_eq!(names(text), ["Klabou Atelier", "Ada Varnok", "Foukur"]);
-    }
-
-    #[test]
-    fn a_bridge_query_is_the_first_unsearched_name_after_a_space() {
-        let hits = [ListedHit { id: "o3".into(), text: "Klabou Atelier. Started by Ada Varnok in Foukur.".into() }];
-        let known = |queries: &[&str]| queries.iter().map(|q| q.to_string()).collect::<Vec<_>>();
-        assert_eq!(bridge_query(&hits, &known(&["Who started klabou atelier?"])).as_deref(), Some(" Ada Varnok"));
-        // A followed bridge is known by its query, space and all.
-        assert_eq!(bridge_query(&hits, &known(&["klabou atelier", " Ada Varnok"])).as_deref(), Some(" Foukur"));
-        assert_eq!(bridge_query(&hits, &known(&["Klabou Atelier Ada Varnok Foukur"])), None);
-    }
 
     #[test]
     fn rendered_results_parse_back_to_their_hits() {

@@ -96,7 +96,8 @@ pub struct EvalArgs {
     #[arg(long, default_value_t = 0)]
     limit: u32,
     /// What to evaluate: `policy` (the policy servers' weights through the agents)
-    /// or a baseline: `bm25`, `vector`, `hybrid`.
+    /// or a baseline on the question: `bm25`, `vector`, `hybrid`, `rm3`
+    /// (BM25 with RM3 pseudo-relevance feedback).
     #[arg(long, default_value = "policy")]
     contender: String,
     /// Episodes per task (pass@k uses k = this).

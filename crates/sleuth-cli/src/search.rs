@@ -14,8 +14,8 @@ pub struct SearchArgs {
     /// Collection to search.
     #[arg(long)]
     collection: String,
-    /// bm25, vector or hybrid.
-    #[arg(long, default_value = "bm25", value_parser = ["bm25", "vector", "hybrid"])]
+    /// bm25, vector, hybrid, or rm3 (BM25 with RM3 pseudo-relevance feedback).
+    #[arg(long, default_value = "bm25", value_parser = ["bm25", "vector", "hybrid", "rm3"])]
     method: String,
     /// Number of hits.
     #[arg(long, short, default_value_t = 5)]
@@ -32,6 +32,7 @@ pub async fn run(args: SearchArgs) -> anyhow::Result<()> {
     let method = match args.method.as_str() {
         "vector" => SearchMethod::Vector,
         "hybrid" => SearchMethod::Hybrid,
+        "rm3" => SearchMethod::Bm25Rm3,
         _ => SearchMethod::Bm25,
     };
     let request = SearchRequest { collection: args.collection, query: args.query, k: args.k, method: method as i32 };

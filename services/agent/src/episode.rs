@@ -2,6 +2,8 @@
 //! the observations back, until it submits a ranking or a budget ends it.
 //! History is never truncated; the outcome says what ended the episode.
 
+use std::collections::HashMap;
+
 use sleuth_chat::observation::{SEARCH_HITS, SUBMITTED, Searched, ranking};
 use sleuth_chat::tools::SEARCH_TOOLS;
 use sleuth_kit::client::{MeshChannel, within};
@@ -106,12 +108,11 @@ pub async fn run(clients: &Clients, request: &RunEpisodeRequest) -> Episode {
                 Err(why) => break 'episode End::new(EpisodeOutcome::ToolError, why),
             };
             let mut used_tokens = 0u32;
-            // Each search's hit ids, in order: what a submission without ids ranks.
-            let mut searches: Vec<Searched> = Vec::new();
+            let mut found = Found { searches: Vec::new(), word_idf: teacher.as_ref().map(|_| HashMap::new()) };
             if !config.opening_search.is_empty() {
                 let cap = budget.observation_char_cap;
                 let opened =
-                    open(clients, request, &config.opening_search, &tool_specs, cap, &mut messages, &mut searches);
+                    open(clients, request, &config.opening_search, &tool_specs, cap, &mut messages, &mut found);
                 if let Some(end) = opened.await {
                     break 'episode end;
                 }
@@ -140,7 +141,8 @@ pub async fn run(clients: &Clients, request: &RunEpisodeRequest) -> Episode {
                     sampling: Some(sampling),
                     teacher_reply: teacher
                         .as_mut()
-                        .map(|t| t.reply(observation, max_turns - turns))
+                        .zip(found.word_idf.as_ref())
+                        .map(|(t, word_idf)| t.reply(observation, word_idf, max_turns - turns))
                         .unwrap_or_default(),
                     turns_before: Some(turns),
                     ..Default::default()
@@ -187,7 +189,7 @@ pub async fn run(clients: &Clients, request: &RunEpisodeRequest) -> Episode {
                     &reply,
                     budget.observation_char_cap,
                     &mut messages,
-                    &mut searches,
+                    &mut found,
                 )
                 .instrument(tracing::info_span!("tool_calls", turn = turns))
                 .await
@@ -211,7 +213,7 @@ async fn open(
     offered: &[ToolSpec],
     cap: u32,
     messages: &mut Vec<ChatMessage>,
-    searches: &mut Vec<Searched>,
+    found: &mut Found,
 ) -> Option<End> {
     if !offered.iter().any(|t| t.name == tool) {
         let why = format!("config.opening_search {tool:?} is not among the tools offered to this episode");
@@ -225,7 +227,7 @@ async fn open(
     };
     let opening = ChatMessage { role: "assistant".into(), tool_calls: vec![call], ..Default::default() };
     messages.push(opening.clone());
-    run_tools(clients, &request.episode_id, &task.collection, &opening, cap, messages, searches)
+    run_tools(clients, &request.episode_id, &task.collection, &opening, cap, messages, found)
         .instrument(tracing::info_span!("opening_search"))
         .await
 }
@@ -260,8 +262,16 @@ async fn offered_tools(clients: &Clients, collection: &str, config: &AgentConfig
     Ok(offered)
 }
 
+/// What an episode's searches found: each search's hit ids, in order (what
+/// a submission without ids ranks), and, for a teacher, the IDF of every
+/// word they showed (`None` asks the gateway for none).
+struct Found {
+    searches: Vec<Searched>,
+    word_idf: Option<HashMap<String, f32>>,
+}
+
 /// Runs the reply's tool calls in order, appending one tool message each
-/// and each search's hit ids to `searches`. Returns how the episode ends
+/// and what each search found to `found`. Returns how the episode ends
 /// when it does (an answer, or a dead gateway).
 async fn run_tools(
     clients: &Clients,
@@ -270,7 +280,7 @@ async fn run_tools(
     reply: &ChatMessage,
     cap: u32,
     messages: &mut Vec<ChatMessage>,
-    searches: &mut Vec<Searched>,
+    found: &mut Found,
 ) -> Option<End> {
     for call in &reply.tool_calls {
         if call.name == SUBMIT_TOOL {
@@ -278,7 +288,7 @@ async fn run_tools(
                 Ok(ids) => End {
                     outcome: EpisodeOutcome::Completed,
                     detail: String::new(),
-                    ranking: ids.unwrap_or_else(|| ranking(searches, SUBMITTED)),
+                    ranking: ids.unwrap_or_else(|| ranking(&found.searches, SUBMITTED)),
                 },
                 // An unreadable answer is still the answer: it ranks nothing.
                 Err(why) => End::new(EpisodeOutcome::Completed, format!("unusable submission: {why}")),
@@ -292,6 +302,7 @@ async fn run_tools(
             episode_id: episode_id.to_owned(),
             // A submission without ids ranks to the depth the metric scores.
             ranking_depth: SUBMITTED as u32,
+            word_idf: found.word_idf.is_some(),
         };
         let observation =
             match within(clients.tool_timeout, request, async |r| clients.tools.clone().call_tool(r).await).await {
@@ -304,7 +315,10 @@ async fn run_tools(
                             shown => shown,
                         };
                         let ids = response.hits.into_iter().map(|hit| hit.doc_id).collect();
-                        searches.push(Searched { ids, shown });
+                        found.searches.push(Searched { ids, shown });
+                    }
+                    if let Some(word_idf) = found.word_idf.as_mut() {
+                        word_idf.extend(response.word_idf);
                     }
                     response.observation
                 }

@@ -4,16 +4,22 @@
 //! trajectory-SFT data in the policy's own chat template.
 //!
 //! A strategy is `<retriever>:<hops>`: search the question with
-//! `bm25_search` or `vector_search`, then `hops` times search the first name
-//! (a run of capitalised words) in the results that neither the question nor
-//! an earlier search holds (the bridge to the next document), then submit
-//! without ids: the agent ranks what the searches found, the last search's
-//! first. `mixture` picks one strategy per
-//! episode from the episode's seed, among those whose tool is offered, so
-//! SFT learns a mixture and RL has a choice to make.
+//! `bm25_search` or `vector_search`, then `hops` times search a bridge the
+//! latest results show (`sleuth_chat::bridge`: the phrase of the rarest
+//! words in the collection that neither the question nor an earlier search
+//! holds, ranked by the IDF the tool gateway reports with each search),
+//! then submit without ids: the agent ranks what the searches found, the
+//! last search's first. `mixture` draws one strategy per episode from the
+//! episode's seed, among those whose tool is offered: how many hops, and
+//! whether to follow the most salient bridge or the runner-up. Which choice
+//! suits a question is left to the reward: trajectory SFT keeps, of each
+//! question's episodes, those the reward ranks highest.
+
+use std::collections::HashMap;
 
 use serde_json::json;
-use sleuth_chat::observation::{ListedHit, SEARCH_HITS, bridge_query, parse_search_results};
+use sleuth_chat::bridge::bridges;
+use sleuth_chat::observation::{ListedHit, SEARCH_HITS, parse_search_results};
 use sleuth_proto::common::v1::ToolSpec;
 
 use crate::prompt::SUBMIT_TOOL;
@@ -28,6 +34,9 @@ pub struct Strategy {
     pub tool: &'static str,
     /// Bridges followed after searching the question.
     pub hops: u32,
+    /// Which of the ranked bridges each hop follows: 0 the most salient, 1
+    /// the runner-up (or the most salient when it stands alone).
+    pub pick: u32,
 }
 
 /// What `AgentConfig.teacher` asks for.
@@ -58,7 +67,7 @@ impl TeacherSpec {
                     _ => return Err(bad()),
                 };
                 let hops: u32 = hops.parse().ok().filter(|h| *h <= MAX_HOPS).ok_or_else(bad)?;
-                Ok(Some(Self::Fixed(Strategy { tool, hops })))
+                Ok(Some(Self::Fixed(Strategy { tool, hops, pick: 0 })))
             }
         }
     }
@@ -76,7 +85,10 @@ impl TeacherSpec {
                 let choices: Vec<Strategy> = ["bm25_search", "vector_search"]
                     .into_iter()
                     .filter(|tool| has(tool))
-                    .flat_map(|tool| (0..=2).map(move |hops| Strategy { tool, hops }))
+                    .flat_map(|tool| {
+                        let hop = move |(hops, pick)| Strategy { tool, hops, pick };
+                        [(0, 0), (1, 0), (1, 1), (2, 0), (2, 1)].map(hop)
+                    })
                     .collect();
                 if choices.is_empty() {
                     return Err("config.teacher mixture needs bm25_search or vector_search".into());
@@ -107,8 +119,9 @@ impl Teacher {
     }
 
     /// The next reply, given the observation of the previous call (none on
-    /// the first turn) and the turns left (the last one submits).
-    pub fn reply(&mut self, observation: Option<&str>, turns_left: u32) -> String {
+    /// the first turn), the IDF of the words the episode's searches showed
+    /// (`CallToolResponse.word_idf`), and the turns left (the last one submits).
+    pub fn reply(&mut self, observation: Option<&str>, word_idf: &HashMap<String, f32>, turns_left: u32) -> String {
         if let Some(observation) = observation {
             self.latest = parse_search_results(observation);
         }
@@ -116,7 +129,7 @@ impl Teacher {
             return self.search(self.question.clone());
         }
         let more_hops = self.searched.len() <= self.strategy.hops as usize;
-        match self.bridge().filter(|_| more_hops && turns_left > 1) {
+        match self.bridge(word_idf).filter(|_| more_hops && turns_left > 1) {
             Some(name) => self.search(name),
             None => self.submit(),
         }
@@ -128,10 +141,12 @@ impl Teacher {
         call
     }
 
-    /// The query following the first name in the latest results that no earlier query holds.
-    fn bridge(&self) -> Option<String> {
+    /// The query following the strategy's pick of the latest results' bridges.
+    fn bridge(&self, word_idf: &HashMap<String, f32>) -> Option<String> {
         let known: Vec<String> = std::iter::once(&self.question).chain(&self.searched).cloned().collect();
-        bridge_query(&self.latest, &known)
+        let mut ranked = bridges(&self.latest, &known, |word| word_idf.get(word).copied().unwrap_or(0.0));
+        let pick = (self.strategy.pick as usize).min(ranked.len().saturating_sub(1));
+        (!ranked.is_empty()).then(|| ranked.swap_remove(pick))
     }
 
     /// A submission without ids: what the searches found, the last search's
@@ -153,6 +168,15 @@ fn call(tool: &str, arguments: &serde_json::Value) -> String {
 mod tests {
     use super::*;
 
+    /// Word IDFs as a gateway would report them for the tests' results:
+    /// names rare, dates and common words less so.
+    fn idf() -> HashMap<String, f32> {
+        let rare =
+            [("varnok", 5.0), ("ada", 3.0), ("foukur", 5.0), ("razak", 4.0), ("toubal", 5.0), ("rhabeksa-store", 6.0)];
+        let common = [("1903", 2.0), ("1950", 2.0), ("started", 0.5), ("potter", 1.0), ("lives", 0.5), ("clouds", 1.0)];
+        rare.into_iter().chain(common).map(|(word, idf)| (word.to_owned(), idf)).collect()
+    }
+
     fn tools(names: &[&str]) -> Vec<ToolSpec> {
         names.iter().map(|n| ToolSpec { name: (*n).into(), ..Default::default() }).collect()
     }
@@ -162,7 +186,7 @@ mod tests {
         assert_eq!(TeacherSpec::parse(""), Ok(None));
         assert_eq!(
             TeacherSpec::parse("bm25:2"),
-            Ok(Some(TeacherSpec::Fixed(Strategy { tool: "bm25_search", hops: 2 })))
+            Ok(Some(TeacherSpec::Fixed(Strategy { tool: "bm25_search", hops: 2, pick: 0 })))
         );
         assert_eq!(TeacherSpec::parse("mixture"), Ok(Some(TeacherSpec::Mixture)));
         for bad in ["bm25", "sql:1", "bm25:9", "vector:x"] {
@@ -175,49 +199,63 @@ mod tests {
     #[test]
     fn a_mixture_varies_by_seed_within_the_offered_tools() {
         let offered = tools(&["bm25_search", "read_document"]);
-        let chosen: std::collections::BTreeSet<u32> =
-            (0..64).map(|seed| TeacherSpec::Mixture.choose(seed, &offered).unwrap().hops).collect();
-        assert_eq!(chosen, [0, 1, 2].into());
+        let chosen: std::collections::BTreeSet<(u32, u32)> = (0..64)
+            .map(|seed| TeacherSpec::Mixture.choose(seed, &offered).unwrap())
+            .map(|strategy| (strategy.hops, strategy.pick))
+            .collect();
+        assert_eq!(chosen, [(0, 0), (1, 0), (1, 1), (2, 0), (2, 1)].into());
         assert!((0..64).all(|seed| TeacherSpec::Mixture.choose(seed, &offered).unwrap().tool == "bm25_search"));
     }
 
     #[test]
     fn two_hops_follow_the_bridges_then_submit() {
-        let strategy = Strategy { tool: "bm25_search", hops: 2 };
+        let strategy = Strategy { tool: "bm25_search", hops: 2, pick: 0 };
         let mut teacher =
             Teacher::new(strategy, "Name the river near the residence of the founder of Klabou Atelier.", false);
-        let first = teacher.reply(None, 5);
+        let first = teacher.reply(None, &idf(), 5);
         assert!(first.contains(r#""name": "bm25_search""#) && first.contains("Klabou Atelier"), "{first}");
         let company = "bm25_search results for \"...\":\n[1] doc_id: o3 | Klabou Atelier\nKlabou Atelier was started by Ada Varnok in 1903.\n[2] doc_id: do3 | Klabou Atelier\nKlabou Atelier sponsored the regatta held in Razak during 1950.\n";
-        let second = teacher.reply(Some(company), 4);
+        let second = teacher.reply(Some(company), &idf(), 4);
         assert!(second.contains(r#""query": " Ada Varnok""#), "{second}");
         let person = "bm25_search results for \"Ada Varnok\":\n[1] doc_id: p3 | Ada Varnok\nAda Varnok lives in Foukur and earns a living as a potter.\n";
-        let third = teacher.reply(Some(person), 3);
+        let third = teacher.reply(Some(person), &idf(), 3);
         assert!(third.contains(r#""query": " Foukur""#), "{third}");
         let town = "bm25_search results for \"Foukur\":\n[1] doc_id: c1 | Foukur\nFoukur lies beside the Toubal.\n";
-        let last = teacher.reply(Some(town), 2);
+        let last = teacher.reply(Some(town), &idf(), 2);
         assert_eq!(last, r#"<tool_call>[{"name": "submit_ranking", "arguments": {}}]</tool_call>"#);
     }
 
     #[test]
     fn after_an_opening_search_the_teacher_bridges_from_its_results() {
         let question = "Name the river near the residence of the founder of Klabou Atelier.";
-        let mut teacher = Teacher::new(Strategy { tool: "bm25_search", hops: 1 }, question, true);
+        let mut teacher = Teacher::new(Strategy { tool: "bm25_search", hops: 1, pick: 0 }, question, true);
         let company = "bm25_search results for \"...\":\n[1] doc_id: o3 | Klabou Atelier\nKlabou Atelier was started by Ada Varnok in 1903.\n";
-        assert!(teacher.reply(Some(company), 4).contains(r#""query": " Ada Varnok""#));
+        assert!(teacher.reply(Some(company), &idf(), 4).contains(r#""query": " Ada Varnok""#));
         let person =
             "bm25_search results for \"Ada Varnok\":\n[1] doc_id: p3 | Ada Varnok\nAda Varnok lives in Foukur.\n";
-        assert!(teacher.reply(Some(person), 3).contains(r#""name": "submit_ranking""#), "one hop only");
-        let mut at_once = Teacher::new(Strategy { tool: "bm25_search", hops: 0 }, question, true);
-        assert!(at_once.reply(Some(company), 4).contains(r#""name": "submit_ranking""#));
+        assert!(teacher.reply(Some(person), &idf(), 3).contains(r#""name": "submit_ranking""#), "one hop only");
+        let mut at_once = Teacher::new(Strategy { tool: "bm25_search", hops: 0, pick: 0 }, question, true);
+        assert!(at_once.reply(Some(company), &idf(), 4).contains(r#""name": "submit_ranking""#));
     }
 
     #[test]
     fn the_last_turn_submits_whatever_was_found() {
-        let mut teacher = Teacher::new(Strategy { tool: "bm25_search", hops: 2 }, "why does it rain", false);
-        teacher.reply(None, 2);
+        let mut teacher = Teacher::new(Strategy { tool: "bm25_search", hops: 2, pick: 0 }, "why does it rain", false);
+        teacher.reply(None, &idf(), 2);
         let hits =
             "bm25_search results for \"why does it rain\":\n[1] doc_id: rain | Rainfall\nRain forms in Clouds Above.\n";
-        assert!(teacher.reply(Some(hits), 1).contains(r#""name": "submit_ranking""#));
+        assert!(teacher.reply(Some(hits), &idf(), 1).contains(r#""name": "submit_ranking""#));
+    }
+
+    #[test]
+    fn a_lower_case_identifier_is_a_bridge_and_a_pick_takes_the_runner_up() {
+        let question = "What does the service that kaquka-worker calls for downstream work handle?";
+        let service = "bm25_search results for \"...\":\n[1] doc_id: s1 | kaquka-worker\nkaquka-worker is written in Elixir and calls rhabeksa-store for downstream work.\n";
+        let mut idf = idf();
+        idf.extend([("elixir".to_owned(), 2.0)]);
+        let mut first = Teacher::new(Strategy { tool: "bm25_search", hops: 1, pick: 0 }, question, true);
+        assert!(first.reply(Some(service), &idf, 4).contains(r#""query": " rhabeksa-store""#));
+        let mut second = Teacher::new(Strategy { tool: "bm25_search", hops: 1, pick: 1 }, question, true);
+        assert!(second.reply(Some(service), &idf, 4).contains(r#""query": " Elixir""#));
     }
 }

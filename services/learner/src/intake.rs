@@ -5,7 +5,7 @@
 //! its progress to the orchestrator.
 
 use prost::Message;
-use sleuth_proto::common::v1::TrajectoryGroup;
+use sleuth_proto::common::v1::{Episode, TrajectoryGroup};
 use sleuth_store::patiently;
 use sleuth_store::trajectories::{self, Entry, EntryId, GroupConsumer};
 
@@ -132,10 +132,7 @@ pub(crate) fn take_group(entry: &Entry, plan: &Plan, version: u64) -> (Vec<Sampl
     record.token_version = batch::oldest_token_version(&group);
     if plan.sft {
         // A teacher's episodes are off-policy by design: no staleness, a reward threshold.
-        let kept = TrajectoryGroup {
-            episodes: group.episodes.iter().filter(|e| e.reward >= plan.sft_min_reward).cloned().collect(),
-            ..group.clone()
-        };
+        let kept = TrajectoryGroup { episodes: best_episodes(&group, plan.sft_min_reward), ..group.clone() };
         if kept.episodes.is_empty() {
             record.disposition = Disposition::BelowMinReward;
             record.detail = format!("no episode rewarded at least sft_min_reward {}", plan.sft_min_reward);
@@ -169,6 +166,17 @@ pub(crate) fn take_group(entry: &Entry, plan: &Plan, version: u64) -> (Vec<Sampl
         }
         Err(e) => rejected(record, e.to_string()),
     }
+}
+
+/// Rejection sampling of a teacher's group: its episodes with the group's
+/// highest reward, when that reaches `min_reward`. A mixture teacher plays
+/// one question several ways (hops, which bridge), so the reward, not a
+/// rule, decides which way SFT learns for that question; keeping every
+/// episode above the threshold taught the policy each way alike.
+fn best_episodes(group: &TrajectoryGroup, min_reward: f64) -> Vec<Episode> {
+    let best = group.episodes.iter().map(|e| e.reward).filter(|r| r.is_finite()).fold(f64::NEG_INFINITY, f64::max);
+    let kept = |e: &&Episode| e.reward >= min_reward && e.reward >= best;
+    group.episodes.iter().filter(kept).cloned().collect()
 }
 
 #[cfg(test)]
@@ -219,6 +227,20 @@ mod tests {
                 trace: segments.map(|segments| Trace { segments, ..Default::default() }),
                 ..Default::default()
             })
+    }
+
+    #[test]
+    fn a_teachers_group_keeps_its_best_episodes_above_the_threshold() {
+        let group = |rewards: &[f64]| TrajectoryGroup {
+            episodes: rewards.iter().map(|&reward| Episode { reward, ..Default::default() }).collect(),
+            ..Default::default()
+        };
+        let kept = |rewards: &[f64], min| -> Vec<f64> {
+            best_episodes(&group(rewards), min).iter().map(|e| e.reward).collect()
+        };
+        assert_eq!(kept(&[0.9, 0.4, 0.9, f64::NAN], 0.5), [0.9, 0.9], "ties at the top all teach");
+        assert_eq!(kept(&[0.4, 0.3], 0.5), Vec::<f64>::new(), "the best is still below the threshold");
+        assert_eq!(kept(&[f64::NAN], f64::NEG_INFINITY), Vec::<f64>::new());
     }
 
     proptest! {

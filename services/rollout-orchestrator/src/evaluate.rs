@@ -4,7 +4,8 @@
 //! model is the only variable.
 //!
 //! Baselines are named in `policy.model_uri`: `baseline:bm25`,
-//! `baseline:vector`, `baseline:hybrid` (plain search on the question).
+//! `baseline:vector`, `baseline:hybrid`, `baseline:rm3` (one search of the
+//! question; rm3 is BM25 with RM3 pseudo-relevance feedback).
 //! Each job writes `<report_dir>/<id>.run` (TREC run file of each task's
 //! first sample) and `<report_dir>/<id>.json` (the metrics).
 
@@ -42,6 +43,7 @@ impl Contender {
         match self {
             Self::Baseline(SearchMethod::Bm25) => "baseline:bm25",
             Self::Baseline(SearchMethod::Vector) => "baseline:vector",
+            Self::Baseline(SearchMethod::Bm25Rm3) => "baseline:rm3",
             Self::Baseline(_) => "baseline:hybrid",
             Self::Policy => "policy",
         }
@@ -53,8 +55,10 @@ impl Contender {
             "baseline:bm25" => Ok(Self::Baseline(SearchMethod::Bm25)),
             "baseline:vector" => Ok(Self::Baseline(SearchMethod::Vector)),
             "baseline:hybrid" => Ok(Self::Baseline(SearchMethod::Hybrid)),
+            "baseline:rm3" => Ok(Self::Baseline(SearchMethod::Bm25Rm3)),
             other if other.starts_with("baseline:") => Err(format!(
-                "policy.model_uri {other:?}: baselines are baseline:bm25, baseline:vector, baseline:hybrid"
+                "policy.model_uri {other:?}: baselines are baseline:bm25, baseline:vector, baseline:hybrid, \
+                 baseline:rm3"
             )),
             other => Err(format!(
                 "policy.model_uri {other:?}: evaluating a model directory needs policy servers serving it; \

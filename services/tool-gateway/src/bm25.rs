@@ -98,6 +98,20 @@ pub fn tokens(analyzer: &mut TextAnalyzer, text: &str) -> Vec<String> {
     tokens
 }
 
+/// A query as weighted terms: each distinct token once, weighted by how
+/// often it occurs (a repeated word counts twice, as in Lucene), in order
+/// of first occurrence.
+pub fn weighted(tokens: Vec<String>) -> Vec<(String, f32)> {
+    let mut terms: Vec<(String, f32)> = Vec::new();
+    for token in tokens {
+        match terms.iter_mut().find(|(term, _)| *term == token) {
+            Some((_, weight)) => *weight += 1.0,
+            None => terms.push((token, 1.0)),
+        }
+    }
+    terms
+}
+
 /// Per-collection statistics and the map from tantivy documents to ordinals.
 pub struct Bm25Scorer {
     pub options: Bm25Options,
@@ -115,11 +129,17 @@ thread_local! {
 }
 
 impl Bm25Scorer {
-    /// The `k` best documents for the analyzed query `tokens`, as (ordinal, score),
-    /// best first; ties go to the lower ordinal (earlier in the corpus).
-    pub fn top_k(&self, searcher: &Searcher, tokens: &[String], k: usize) -> Result<Vec<(u32, f32)>, Error> {
+    /// How many documents hold the analyzed `token`.
+    pub fn doc_freq(&self, searcher: &Searcher, token: &str) -> Result<u64, Error> {
+        Ok(searcher.doc_freq(&Term::from_field_text(self.content, token))?)
+    }
+
+    /// The `k` best documents for the analyzed, weighted query `terms` (each
+    /// term's BM25 contribution times its weight), as (ordinal, score), best
+    /// first; ties go to the lower ordinal (earlier in the corpus).
+    pub fn top_k(&self, searcher: &Searcher, terms: &[(String, f32)], k: usize) -> Result<Vec<(u32, f32)>, Error> {
         let documents = self.lengths.len();
-        if tokens.is_empty() || documents == 0 || k == 0 {
+        if terms.is_empty() || documents == 0 || k == 0 {
             return Ok(Vec::new());
         }
         let n = documents as f32;
@@ -128,13 +148,13 @@ impl Bm25Scorer {
             scores.clear();
             scores.resize(documents, 0.0);
             touched.clear();
-            for token in tokens {
+            for (token, weight) in terms {
                 let term = Term::from_field_text(self.content, token);
                 let df = searcher.doc_freq(&term)? as f32;
                 if df == 0.0 {
                     continue;
                 }
-                let idf = (1.0 + (n - df + 0.5) / (df + 0.5)).ln();
+                let term_weight = weight * sleuth_chat::bridge::idf(df, n);
                 for (segment, ordinals) in searcher.segment_readers().iter().zip(&self.ordinals) {
                     let inverted = segment.inverted_index(self.content)?;
                     let Some(mut postings) = inverted
@@ -152,7 +172,7 @@ impl Bm25Scorer {
                         if *score == 0.0 {
                             touched.push(ordinal);
                         }
-                        *score += idf * tf / (tf + k1 * (1.0 - b + b * length / self.average_length));
+                        *score += term_weight * tf / (tf + k1 * (1.0 - b + b * length / self.average_length));
                         doc = postings.advance();
                     }
                 }

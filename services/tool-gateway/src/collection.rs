@@ -1,15 +1,17 @@
 //! A served collection: its documents and retrievers, and the collections a
 //! gateway serves by name.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
+use sleuth_chat::bridge;
 use tantivy::IndexReader;
 
 use crate::bm25::{self, Bm25Scorer};
 use crate::error::Error;
 use crate::index::{self, Manifest, StoredDocument};
+use crate::rm3;
 use crate::vectors::VectorIndex;
 
 /// Retrieval methods a collection may support.
@@ -101,9 +103,52 @@ impl Collection {
 
     /// The `k` best documents for `query` by BM25. Blocking (CPU work).
     pub fn bm25(&self, query: &str, k: usize) -> Result<Vec<Hit>, Error> {
-        let tokens = bm25::tokens(&mut self.bm25.options.analyzer(), query);
+        let terms = bm25::weighted(bm25::tokens(&mut self.bm25.options.analyzer(), query));
+        self.bm25_terms(&self.reader.searcher(), &terms, k)
+    }
+
+    /// The `k` best documents by BM25 for `query` expanded with RM3
+    /// pseudo-relevance feedback (`crate::rm3`). Blocking (CPU work).
+    pub fn bm25_rm3(&self, query: &str, k: usize) -> Result<Vec<Hit>, Error> {
+        let mut analyzer = self.bm25.options.analyzer();
+        let terms = bm25::weighted(bm25::tokens(&mut analyzer, query));
         let searcher = self.reader.searcher();
-        Ok(self.bm25.top_k(&searcher, &tokens, k)?.into_iter().map(|(ordinal, score)| Hit { ordinal, score }).collect())
+        let body = |ordinal: u32| {
+            let document = self.document(ordinal);
+            index::body(&document.title, &document.text)
+        };
+        let expanded = rm3::expand(&self.bm25, &searcher, &mut analyzer, &terms, body)?;
+        self.bm25_terms(&searcher, &expanded, k)
+    }
+
+    /// The BM25 IDF of every word of `text` (lower-cased
+    /// `sleuth_chat::bridge::words`, stop words left out): the rarest of the
+    /// analyzed terms a word becomes, 0 for a word the collection lacks.
+    pub fn word_idf(&self, text: &str) -> Result<HashMap<String, f32>, Error> {
+        let mut analyzer = self.bm25.options.analyzer();
+        let searcher = self.reader.searcher();
+        let n = self.len() as f32;
+        let mut idf = HashMap::new();
+        for word in bridge::words(text) {
+            let word = word.text.to_lowercase();
+            if bridge::is_stop_word(&word) || idf.contains_key(&word) {
+                continue;
+            }
+            let mut rarest = 0.0f32;
+            for token in bm25::tokens(&mut analyzer, &word) {
+                let df = self.bm25.doc_freq(&searcher, &token)? as f32;
+                if df > 0.0 {
+                    rarest = rarest.max(bridge::idf(df, n));
+                }
+            }
+            idf.insert(word, rarest);
+        }
+        Ok(idf)
+    }
+
+    /// Of the `k` best documents by BM25 for the analyzed, weighted `terms`.
+    fn bm25_terms(&self, searcher: &tantivy::Searcher, terms: &[(String, f32)], k: usize) -> Result<Vec<Hit>, Error> {
+        Ok(self.bm25.top_k(searcher, terms, k)?.into_iter().map(|(ordinal, score)| Hit { ordinal, score }).collect())
     }
 
     /// Reciprocal rank fusion of BM25 and vector search: each document scores
@@ -182,5 +227,51 @@ pub fn validate_name(name: &str) -> Result<(), Error> {
         Ok(())
     } else {
         Err(Error::InvalidArgument(format!("collection name must match [a-z0-9_-]{{1,64}}, got {name:?}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use sleuth_beir::{BadLines, BeirDir};
+
+    use super::*;
+    use crate::bm25::Bm25Options;
+
+    /// A collection of `documents` (id, text) built into a temporary index.
+    fn collection(documents: &[(String, String)]) -> (tempfile::TempDir, Collection) {
+        let dir = tempfile::tempdir().unwrap();
+        let corpus: String = documents
+            .iter()
+            .map(|(id, text)| serde_json::json!({"_id": id, "title": "", "text": text}).to_string() + "\n")
+            .collect();
+        std::fs::write(dir.path().join("corpus.jsonl"), corpus).unwrap();
+        let out = dir.path().join("index");
+        let source = BeirDir::new(dir.path());
+        index::build(&source, &out, "rm3", &Bm25Options::default(), BadLines::Fail, None, &mut |_| {}).unwrap();
+        let collection = Collection::open(&out, out.display().to_string()).unwrap();
+        (dir, collection)
+    }
+
+    #[test]
+    fn rm3_finds_a_document_that_shares_only_the_feedback_terms() {
+        // Two documents about the query teach RM3 its vocabulary; a third
+        // never says the query's words but shares that vocabulary; forty
+        // fillers keep those terms under a tenth of the collection.
+        let mut documents: Vec<(String, String)> = [
+            ("a", "heart attack myocardial infarction troponin"),
+            ("b", "heart attack infarction troponin angioplasty"),
+            ("c", "myocardial infarction troponin angioplasty"),
+        ]
+        .map(|(id, text)| (id.to_owned(), text.to_owned()))
+        .into();
+        documents.extend((0..40).map(|i| (format!("f{i}"), format!("weather report number{i} rain"))));
+        let (_dir, collection) = collection(&documents);
+        let ids = |hits: Vec<Hit>| -> Vec<String> {
+            hits.into_iter().map(|h| collection.document(h.ordinal).id.clone()).collect()
+        };
+        assert_eq!(ids(collection.bm25("heart attack", 10).unwrap()), ["a", "b"], "BM25 finds only the query's words");
+        let expanded = ids(collection.bm25_rm3("heart attack", 10).unwrap());
+        assert_eq!(expanded[..2], ["a", "b"], "the query's own documents stay first: {expanded:?}");
+        assert_eq!(expanded[2], "c", "the feedback terms find the third: {expanded:?}");
     }
 }

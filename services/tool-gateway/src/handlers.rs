@@ -1,5 +1,6 @@
 //! gRPC handlers: thin translations between the proto and the gateway's logic.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use sleuth_beir::{BadLines, BeirDir};
@@ -125,6 +126,7 @@ impl ToolGateway for Handlers {
             pb::SearchMethod::Bm25 | pb::SearchMethod::Unspecified => {
                 blocking(move || searched.bm25(&query, k)).await?
             }
+            pb::SearchMethod::Bm25Rm3 => blocking(move || searched.bm25_rm3(&query, k)).await?,
             pb::SearchMethod::Vector => {
                 let vector = self.query_vector(&collection, &query).await?;
                 blocking(move || searched.vector_search(&vector, k)).await?
@@ -363,8 +365,15 @@ impl Handlers {
             ToolCall::Bm25Search { .. } | ToolCall::ReadDocument { .. } => None,
         };
         let searched = collection.clone();
-        let observation = blocking(move || tools::execute(&searched, &call, vector.as_deref(), cap, depth)).await?;
+        let with_idf = request.word_idf;
+        let (observation, word_idf) = blocking(move || {
+            let observation = tools::execute(&searched, &call, vector.as_deref(), cap, depth)?;
+            let word_idf = if with_idf { searched.word_idf(&observation.text)? } else { HashMap::new() };
+            Ok((observation, word_idf))
+        })
+        .await?;
         Ok(Response::new(pb::CallToolResponse {
+            word_idf,
             observation: observation.text,
             truncated: observation.truncated,
             hits: hits_to_proto(&collection, &observation.hits),

@@ -97,6 +97,11 @@ pub struct StoredDocument {
     pub length: u32,
 }
 
+/// What BM25 indexes of a document: its title, then its text.
+pub fn body(title: &str, text: &str) -> String {
+    format!("{title}\n{text}")
+}
+
 /// Progress of a build, reported as it goes.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BuildProgress {
@@ -159,7 +164,7 @@ pub fn build(
             duplicates += 1;
             continue;
         }
-        let body = format!("{}\n{}", document.title, document.text);
+        let body = body(&document.title, &document.text);
         let length = bm25::tokens(&mut analyzer, &body).len() as u32;
         if encoder.is_some() {
             passages.push(format!("{} {}", document.title, document.text).trim().to_owned());

@@ -1,9 +1,10 @@
 //! The tool gateway: the agents' search environment. It serves search tools
-//! (BM25 today; vector search comes next) and document reads over indexed
-//! BEIR collections, with tool schemas in OpenAI function format.
+//! (BM25, vector and hybrid search) and document reads over indexed BEIR
+//! collections, with tool schemas in OpenAI function format.
 //!
 //! - [`index`] builds and opens a collection's on-disk index;
-//! - [`bm25`] scores with configurable BM25 over tantivy;
+//! - [`bm25`] scores with configurable BM25 over tantivy; [`rm3`] expands
+//!   queries with pseudo-relevance feedback (a baseline, not a tool);
 //! - [`collection`] holds the served collections;
 //! - [`tools`] parses model-generated tool calls and renders observations;
 //! - [`storage`] moves sources and indexes between object storage and disk;
@@ -16,6 +17,7 @@ pub mod error;
 pub mod handlers;
 pub mod index;
 pub mod offline;
+pub mod rm3;
 pub mod storage;
 pub mod tools;
 pub mod vectors;

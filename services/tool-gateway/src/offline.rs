@@ -144,6 +144,8 @@ pub struct EvaluateArgs {
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Retriever {
     Bm25,
+    /// BM25 with RM3 pseudo-relevance feedback (`crate::rm3`).
+    Rm3,
     Vector,
 }
 
@@ -158,7 +160,7 @@ pub fn evaluate(args: EvaluateArgs) -> Result<(), Error> {
     let judged: Vec<_> = queries.iter().filter(|q| qrels.contains_key(&q.id)).collect();
     let embedder = match args.method {
         Retriever::Vector => Some(encoder(args.embedding_model)?),
-        Retriever::Bm25 => None,
+        Retriever::Bm25 | Retriever::Rm3 => None,
     };
     let started = Instant::now();
     let query_vectors = match &embedder {
@@ -172,6 +174,7 @@ pub fn evaluate(args: EvaluateArgs) -> Result<(), Error> {
     for (index, query) in judged.iter().enumerate() {
         let hits = match &query_vectors {
             Some(vectors) => collection.vector_search(&vectors[index], RUN_DEPTH)?,
+            None if args.method == Retriever::Rm3 => collection.bm25_rm3(&query.text, RUN_DEPTH)?,
             None => collection.bm25(&query.text, RUN_DEPTH)?,
         };
         let ranking: Vec<(String, f64)> =

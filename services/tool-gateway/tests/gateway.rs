@@ -114,6 +114,7 @@ async fn serves_tools_over_scifact_with_clear_errors_and_under_concurrency() -> 
         observation_char_cap: cap,
         episode_id: "ep-1".into(),
         ranking_depth: 0,
+        word_idf: false,
     };
     let found = tools
         .call_tool(call(
@@ -140,6 +141,27 @@ async fn serves_tools_over_scifact_with_clear_errors_and_under_concurrency() -> 
     assert_eq!((deep.hits.len(), deep.hits_shown), (10, 5));
     assert_eq!(deep.hits[..5], found.hits[..], "the same five first");
     assert_eq!(deep.observation.matches("doc_id: ").count(), 5, "only the k asked for are shown");
+    assert!(deep.word_idf.is_empty(), "statistics only when asked for");
+    // A teacher asks for the IDF of the words shown, the rarer the higher.
+    let with_idf = pb::CallToolRequest { word_idf: true, ..call("bm25_search", r#"{"query": "white matter"}"#, 0) };
+    let with_idf = tools.call_tool(with_idf).await?.into_inner();
+    let shown = sleuth_chat::bridge::words(&with_idf.observation).len();
+    assert!(with_idf.word_idf.len() > 10 && with_idf.word_idf.len() <= shown, "{} of {shown}", with_idf.word_idf.len());
+    assert!(!with_idf.word_idf.contains_key("the"), "stop words carry no statistics");
+    assert!(with_idf.word_idf["white"] > with_idf.word_idf["results"], "{:?}", with_idf.word_idf);
+    // RM3 expands the query from its first ten hits: other documents, the best kept near the top.
+    let search = |method: pb::SearchMethod| pb::SearchRequest {
+        collection: "scifact".into(),
+        query: "microstructural development of human newborn cerebral white matter".into(),
+        k: 10,
+        method: method as i32,
+    };
+    let ids = |hits: &[pb::SearchHit]| hits.iter().map(|h| h.doc_id.clone()).collect::<Vec<_>>();
+    let plain = tools.search(search(pb::SearchMethod::Bm25)).await?.into_inner();
+    let expanded = tools.search(search(pb::SearchMethod::Bm25Rm3)).await?.into_inner();
+    assert_eq!(expanded.hits.len(), 10);
+    assert!(expanded.hits[..3].iter().any(|h| h.doc_id == "4983"), "{:?}", expanded.hits);
+    assert_ne!(ids(&plain.hits), ids(&expanded.hits), "the expansion changes the ranking");
     let too_deep = pb::CallToolRequest { ranking_depth: 101, ..call("bm25_search", r#"{"query": "x"}"#, 0) };
     let status = tools.call_tool(too_deep).await.unwrap_err();
     assert!(status.message().contains("ranking_depth must be at most 100, got 101"), "{status:?}");
@@ -270,6 +292,7 @@ async fn vector_search_on_scifact_matches_the_published_figure_and_is_served() -
             observation_char_cap: 0,
             episode_id: String::new(),
             ranking_depth: 0,
+            word_idf: false,
         })
         .await?
         .into_inner();
@@ -283,6 +306,7 @@ async fn vector_search_on_scifact_matches_the_published_figure_and_is_served() -
         observation_char_cap: 1200,
         episode_id: String::new(),
         ranking_depth: 0,
+        word_idf: false,
     };
     let found = tools.call_tool(request("how does the newborn brain's white matter develop?")).await?.into_inner();
     assert_eq!(found.hits.len(), 3);

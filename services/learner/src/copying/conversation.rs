@@ -5,7 +5,10 @@
 
 use serde_json::{Value as Json, json};
 use sleuth_beir::Document;
-use sleuth_chat::observation::{Hit, SEARCH_HITS, bridge_query, parse_search_results, search_results, shorten};
+use std::collections::HashMap;
+
+use sleuth_chat::bridge::{bridges, collection_idf};
+use sleuth_chat::observation::{Hit, SEARCH_HITS, parse_search_results, search_results, shorten};
 use sleuth_chat::tool_calls_text;
 use sleuth_chat::tools::{READ_DOCUMENT, SEARCH_TOOLS, SUBMIT_RANKING, ToolSchema};
 
@@ -79,6 +82,9 @@ pub(crate) struct Source {
     words: Vec<String>,
     /// The offered tools, as the chat template renders them.
     pub tools: Offered,
+    /// The IDF of the documents' words: what bridges are ranked by, as the
+    /// tool gateway reports it to the teacher.
+    word_idf: HashMap<String, f32>,
 }
 
 impl Source {
@@ -87,7 +93,9 @@ impl Source {
         words.sort_unstable();
         words.dedup();
         let words = words.into_iter().map(str::to_owned).collect();
-        Self { documents, questions, words, tools }
+        let bodies: Vec<String> = documents.iter().map(|d| format!("{}\n{}", d.title, d.text)).collect();
+        let word_idf = collection_idf(bodies.iter().map(String::as_str));
+        Self { documents, questions, words, tools, word_idf }
     }
 
     /// Documents drawn from.
@@ -207,7 +215,8 @@ pub(crate) fn conversation(source: &Source, task: Task, draw: &mut Draw) -> (Vec
             .collect();
         let observation = search_results(tool, &query, &hits);
         let listed = parse_search_results(&observation);
-        bridge = bridge_query(&listed, &queries);
+        let idf = |word: &str| source.word_idf.get(word).copied().unwrap_or(0.0);
+        bridge = bridges(&listed, &queries, idf).into_iter().next();
         messages.push(json!({"role": "assistant", "content": search(tool, &query)}));
         messages.push(json!({"role": "tool", "content": observation}));
         queries.push(query);
