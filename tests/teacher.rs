@@ -1,9 +1,11 @@
 //! Scripted teachers through the real mesh (agent worker, inference
 //! gateway, tool gateway, policy server) on the synthetic multi-hop
-//! collection: a teacher that follows bridges finds the answer three
-//! searches away, and its turns are traced as the policy's own tokens.
+//! collection: the mixture's best episode follows the founder from the
+//! question's results and beats searching the question alone, and a
+//! teacher's turns are traced as the policy's own tokens.
 
 use std::collections::BTreeMap;
+use std::ops::Not as _;
 
 use anyhow::{Context, Result};
 use sleuth_metrics::reward::{NdcgReward, Reward};
@@ -44,6 +46,22 @@ async fn taught(mesh: &Mesh, task: &Task, teacher: &str, episode: &str) -> Resul
 
 /// An episode of `teacher` that the agent opens by searching the question with `opening_search`.
 async fn opened(mesh: &Mesh, task: &Task, teacher: &str, opening_search: &str, episode: &str) -> Result<Episode> {
+    played(mesh, task, teacher, opening_search, None, episode).await
+}
+
+/// An episode of the mixture teacher with sampling `seed` (which draws its strategy).
+async fn mixed(mesh: &Mesh, task: &Task, opening_search: &str, seed: u64, episode: &str) -> Result<Episode> {
+    played(mesh, task, "mixture", opening_search, Some(seed), episode).await
+}
+
+async fn played(
+    mesh: &Mesh,
+    task: &Task,
+    teacher: &str,
+    opening_search: &str,
+    seed: Option<u64>,
+    episode: &str,
+) -> Result<Episode> {
     let request = RunEpisodeRequest {
         run_id: "teach".into(),
         episode_id: episode.into(),
@@ -58,6 +76,8 @@ async fn opened(mesh: &Mesh, task: &Task, teacher: &str, opening_search: &str, e
             }),
             teacher: teacher.into(),
             opening_search: opening_search.into(),
+            sampling: seed
+                .map(|seed| sleuth_proto::common::v1::SamplingParams { seed: Some(seed), ..Default::default() }),
             ..Default::default()
         }),
     };
@@ -65,7 +85,7 @@ async fn opened(mesh: &Mesh, task: &Task, teacher: &str, opening_search: &str, e
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_teacher_follows_bridges_to_the_answer_and_is_traced_as_the_policy() -> Result<()> {
+async fn the_mixtures_best_episode_follows_the_founder_and_is_traced_as_the_policy() -> Result<()> {
     let scratch = tempfile::tempdir()?;
     let (index, tasks) = synth(scratch.path())?;
     let mesh = Mesh::with_collection(&sleuth_testkit::smollm2()?, "synth", &index, 1)?;
@@ -73,36 +93,60 @@ async fn a_teacher_follows_bridges_to_the_answer_and_is_traced_as_the_policy() -
 
     let river = tasks.iter().find(|t| t.task_id.ends_with("founder_river")).context("a 3-hop question")?;
     let answer = river.qrels.iter().find(|(_, g)| **g == 2).map(|(d, _)| d.clone()).context("answer")?;
-    let mut episode = taught(&mesh, river, "bm25:2", "teach-river").await?;
-    assert_eq!(episode.outcome, EpisodeOutcome::Completed as i32, "{}", episode.outcome_detail);
-    assert_eq!(episode.turns, 4, "search the question, the founder, the town; submit");
-    assert_eq!(episode.ranking.first(), Some(&answer), "the town's document first: {:?}", episode.ranking);
-    let scored = reward.score(river, &episode);
-    // The bridges rank below the town's other mentions (its distractors).
-    assert!(scored.reward > 0.8, "nDCG@10 {} for {:?}", scored.reward, episode.ranking);
+    // The mixture plays the question several ways (hops, and which bridges
+    // an exploring hop follows); the best by reward, which trajectory SFT
+    // keeps, follows the founder and the town to the answer.
+    let mut best: Option<(f64, u64, Episode)> = None;
+    for seed in 0..16 {
+        let episode = mixed(&mesh, river, "", seed, &format!("teach-river-{seed}")).await?;
+        assert_eq!(episode.outcome, EpisodeOutcome::Completed as i32, "{}", episode.outcome_detail);
+        let reward = reward.score(river, &episode).reward;
+        if best.as_ref().is_none_or(|(top, _, _)| reward > *top) {
+            best = Some((reward, seed, episode));
+        }
+    }
+    let (best_reward, best_seed, mut episode) = best.context("episodes")?;
+    let said: Vec<&str> = episode.messages.iter().map(|m| m.content.as_str()).collect();
+    // Its first bridge is the founder: the question's results name the
+    // founder twice and title a document with the name.
+    let titles: BTreeMap<String, String> = sleuth_beir::BeirDir::new(scratch.path().join("synth"))
+        .corpus(sleuth_beir::BadLines::Fail)?
+        .map(|d| d.map(|d| (d.id, d.title)))
+        .collect::<Result<_, _>>()?;
+    let founder = river
+        .qrels
+        .keys()
+        .map(|doc| &titles[doc])
+        .find(|title| river.question.contains(title.as_str()).not() && said.iter().any(|m| m.contains(title.as_str())))
+        .context("the founder's name")?;
+    let searched: Vec<&str> =
+        episode.messages.iter().flat_map(|m| &m.tool_calls).map(|c| c.arguments_json.as_str()).collect();
+    assert!(searched.get(1).is_some_and(|call| call.contains(founder.as_str())), "{founder}: {said:#?}");
 
     // Every assistant turn is a policy segment: trainable tokens, logprobs 0.
     let trace = episode.trace.take().context("trace")?;
     let policy: Vec<_> = trace.segments.iter().filter(|s| s.kind == SegmentKind::Policy as i32).collect();
-    assert_eq!(policy.len(), 4);
+    assert_eq!(policy.len() as u32, episode.turns);
     assert!(policy.iter().all(|s| s.loss_mask.iter().all(|&m| m == 1) && s.logprobs.iter().all(|&l| l == 0.0)));
     assert_eq!(trace.drift_events, 0, "the teacher's turns re-render to their own tokens");
 
-    // Searching the question alone finds the company's documents, not the town's.
+    // Searching the question alone scores below the best way the mixture found.
     let once = taught(&mesh, river, "bm25:0", "teach-once").await?;
     assert_eq!(once.turns, 2);
     assert!(!once.ranking.contains(&answer), "{:?}", once.ranking);
+    assert!(reward.score(river, &once).reward < best_reward, "{best_reward}: {said:#?}");
 
     // Opened by the agent's search of the question, the teacher's turns are
-    // the two bridges and the submission; the opening is prompt, not policy.
-    let mut opened_river = opened(&mesh, river, "bm25:2", "bm25_search", "teach-opened").await?;
-    assert_eq!(opened_river.turns, 3, "{:?}", opened_river.messages);
+    // its bridges and the submission; the opening is prompt, not policy.
+    let mut opened_river = mixed(&mesh, river, "bm25_search", best_seed, "teach-opened").await?;
+    assert_eq!(opened_river.turns, episode.turns - 1, "{:?}", opened_river.messages);
     let opening = &opened_river.messages[2];
     assert_eq!((opening.role.as_str(), opening.tool_calls[0].name.as_str()), ("assistant", "bm25_search"));
     assert!(opening.tool_calls[0].arguments_json.contains(&river.question), "{:?}", opening.tool_calls);
     assert_eq!(opened_river.ranking, episode.ranking, "the same searches, the same ranking");
     let trace = opened_river.trace.take().context("trace")?;
-    assert_eq!(trace.segments.iter().filter(|s| s.kind == SegmentKind::Policy as i32).count(), 3);
+    let policy = trace.segments.iter().filter(|s| s.kind == SegmentKind::Policy as i32).count();
+    assert_eq!(policy as u32, opened_river.turns);
     assert_eq!(trace.drift_events, 0);
     let absent = opened(&mesh, river, "bm25:2", "vector_search", "teach-no-vectors").await?;
     assert_eq!(absent.outcome, EpisodeOutcome::ToolError as i32);

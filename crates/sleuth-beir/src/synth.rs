@@ -15,9 +15,13 @@
 //! questions' vocabulary: news items that name a company or a person beside
 //! another town, so BM25 on the question alone ranks them high. Qrels are
 //! graded: the answer 2, each bridge 1. A company's questions all go to one
-//! split (70 % train, 15 % validation, 15 % test), so what a policy learns
-//! about one company in training answers no test question. Names are
-//! made-up words from a seeded generator: the same seed writes the same bytes.
+//! split (70 % train, 15 % validation, 15 % test), and each split has towns
+//! of its own, where its companies' founders live, so what a policy learns
+//! in training answers no test question: no document is the answer of
+//! questions in two splits. Document ids are opaque (eight hex digits) and
+//! the corpus is shuffled, so neither an id nor a position tells a
+//! company's founder. Names are made-up words from a seeded generator: the
+//! same seed writes the same bytes.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -245,7 +249,11 @@ pub fn write(dir: &Path, spec: SynthSpec) -> Result<Synthesized, BeirError> {
     }
     let mut rng = Rng(spec.seed);
     let mut names = Names::new();
-    let towns = (spec.companies / 4).max(2);
+    let split_of: Vec<&str> = (0..spec.companies).map(|_| draw_split(&mut rng)).collect();
+    // Every split gets a town of its own, the rest are drawn by share.
+    let towns = (spec.companies / 4).max(SPLITS.len());
+    let town_split: Vec<&str> =
+        (0..towns).map(|t| if t < SPLITS.len() { SPLITS[t].0 } else { draw_split(&mut rng) }).collect();
     let cities: Vec<City> = (0..towns)
         .map(|_| City {
             name: names.fresh(&mut rng, 2),
@@ -255,11 +263,14 @@ pub fn write(dir: &Path, spec: SynthSpec) -> Result<Synthesized, BeirError> {
         })
         .collect();
     let people: Vec<Person> = (0..spec.companies)
-        .map(|_| Person {
-            first: names.fresh(&mut rng, 2),
-            last: names.fresh(&mut rng, 3),
-            town: rng.below(cities.len()),
-            craft: rng.pick(CRAFTS),
+        .map(|i| {
+            let home: Vec<usize> = (0..towns).filter(|&t| town_split[t] == split_of[i]).collect();
+            Person {
+                first: names.fresh(&mut rng, 2),
+                last: names.fresh(&mut rng, 3),
+                town: home[rng.below(home.len())],
+                craft: rng.pick(CRAFTS),
+            }
         })
         .collect();
     let companies: Vec<Company> = (0..spec.companies)
@@ -271,13 +282,10 @@ pub fn write(dir: &Path, spec: SynthSpec) -> Result<Synthesized, BeirError> {
         })
         .collect();
 
-    let mut corpus = String::new();
-    let mut documents = 0;
-    let mut document = |id: &str, title: &str, text: &str| {
-        let line = serde_json::json!({"_id": id, "title": title, "text": text});
-        let _ = writeln!(corpus, "{line}");
-        documents += 1;
-    };
+    // (key, title, text): keys name what a document is (`o3`, the third
+    // company); the corpus gets opaque ids instead.
+    let mut corpus: Vec<(String, String, String)> = Vec::new();
+    let mut document = |key: &str, title: &str, text: &str| corpus.push((key.into(), title.into(), text.into()));
     let city_text =
         |c: &City| format!("{} lies beside the {}, {}. Its markets sell {}.", c.name, c.river, c.feature, c.goods);
     let person_text = |p: &Person| {
@@ -349,19 +357,9 @@ pub fn write(dir: &Path, spec: SynthSpec) -> Result<Synthesized, BeirError> {
         }
     }
 
-    let split_of: Vec<&str> = (0..companies.len())
-        .map(|_| {
-            let mut draw = rng.next() % 20;
-            SPLITS
-                .iter()
-                .find(|(_, share)| {
-                    let here = draw < *share;
-                    draw = draw.saturating_sub(*share);
-                    here
-                })
-                .map_or("train", |(split, _)| *split)
-        })
-        .collect();
+    let ids = opaque_ids(&mut rng, &corpus);
+    shuffle(&mut rng, &mut corpus);
+    let documents = corpus.len();
     let io = |path: &Path, source: std::io::Error| BeirError::Io { path: path.to_owned(), source };
     std::fs::create_dir_all(dir.join("qrels")).map_err(|e| io(dir, e))?;
     let mut queries = String::new();
@@ -379,13 +377,17 @@ pub fn write(dir: &Path, spec: SynthSpec) -> Result<Synthesized, BeirError> {
         let split = split_of[question.company];
         let lines = qrels.get_mut(split).expect("every split has qrels");
         for (doc, grade) in &question.judged {
-            let _ = writeln!(lines, "{}\t{doc}\t{grade}", question.id);
+            let _ = writeln!(lines, "{}\t{}\t{grade}", question.id, ids[doc]);
         }
         *summary.questions.entry(split).or_default() += 1;
         *summary.types.entry(question.kind).or_default() += 1;
     }
+    let mut lines = String::new();
+    for (key, title, text) in &corpus {
+        let _ = writeln!(lines, "{}", serde_json::json!({"_id": ids[key], "title": title, "text": text}));
+    }
     let corpus_path = dir.join("corpus.jsonl");
-    std::fs::write(&corpus_path, corpus).map_err(|e| io(&corpus_path, e))?;
+    std::fs::write(&corpus_path, lines).map_err(|e| io(&corpus_path, e))?;
     let queries_path = dir.join("queries.jsonl");
     std::fs::write(&queries_path, queries).map_err(|e| io(&queries_path, e))?;
     for (split, text) in qrels {
@@ -393,6 +395,42 @@ pub fn write(dir: &Path, spec: SynthSpec) -> Result<Synthesized, BeirError> {
         std::fs::write(&path, text).map_err(|e| io(&path, e))?;
     }
     Ok(summary)
+}
+
+/// A split drawn by the shares of [`SPLITS`].
+fn draw_split(rng: &mut Rng) -> &'static str {
+    let mut draw = rng.next() % 20;
+    SPLITS
+        .iter()
+        .find(|(_, share)| {
+            let here = draw < *share;
+            draw = draw.saturating_sub(*share);
+            here
+        })
+        .map_or("train", |(split, _)| *split)
+}
+
+/// An opaque id (eight hex digits, all distinct) for each document's key.
+fn opaque_ids(rng: &mut Rng, corpus: &[(String, String, String)]) -> BTreeMap<String, String> {
+    let mut taken = BTreeSet::new();
+    let mut ids = BTreeMap::new();
+    for (key, _, _) in corpus {
+        let id = loop {
+            let id = format!("{:08x}", rng.next() as u32);
+            if taken.insert(id.clone()) {
+                break id;
+            }
+        };
+        ids.insert(key.clone(), id);
+    }
+    ids
+}
+
+/// Fisher-Yates with the collection's generator.
+fn shuffle<T>(rng: &mut Rng, items: &mut [T]) {
+    for i in (1..items.len()).rev() {
+        items.swap(i, rng.below(i + 1));
+    }
 }
 
 #[cfg(test)]
@@ -451,6 +489,23 @@ mod tests {
     }
 
     #[test]
+    fn no_document_answers_questions_of_two_splits_and_ids_say_nothing() {
+        let (dir, _) = made(11);
+        let beir = crate::BeirDir::new(dir.path());
+        let mut split_of_answer: BTreeMap<String, &str> = BTreeMap::new();
+        for split in ["train", "validation", "test"] {
+            for docs in beir.qrels(split).unwrap().values() {
+                for doc in docs.iter().filter(|(_, g)| **g == 2).map(|(d, _)| d) {
+                    let first = *split_of_answer.entry(doc.clone()).or_insert(split);
+                    assert_eq!(first, split, "{doc} answers questions of {first} and {split}");
+                }
+            }
+        }
+        let ids: Vec<String> = beir.corpus(crate::BadLines::Fail).unwrap().map(|d| d.unwrap().id).collect();
+        assert!(ids.iter().all(|id| id.len() == 8 && id.bytes().all(|b| b.is_ascii_hexdigit())), "{ids:?}");
+    }
+
+    #[test]
     fn each_hop_names_the_next_and_the_question_names_only_the_first() {
         let (dir, _) = made(5);
         let beir = crate::BeirDir::new(dir.path());
@@ -463,9 +518,13 @@ mod tests {
         let queries = beir.queries(crate::BadLines::Fail).unwrap();
         let all: crate::Qrels = ["train", "validation", "test"].iter().flat_map(|s| beir.qrels(s).unwrap()).collect();
         for question in queries.iter().filter(|q| q.id.ends_with("founder_river")) {
-            let judged = &all[&question.id];
-            let doc = |prefix: char| judged.keys().find(|d| d.starts_with(prefix)).map(|d| &corpus[d]).unwrap();
-            let (company, founder, town) = (doc('o'), doc('p'), doc('c'));
+            let judged: Vec<(&(String, String), i32)> =
+                all[&question.id].iter().map(|(d, grade)| (&corpus[d], *grade)).collect();
+            let find = |grade: i32, named: bool| {
+                judged.iter().find(|(d, g)| *g == grade && question.text.contains(&d.0) == named).unwrap().0
+            };
+            // The answer (grade 2) is the town; of the bridges, the question names the company.
+            let (company, founder, town) = (find(1, true), find(1, false), find(2, false));
             assert!(company.1.contains(&founder.0), "{} names its founder {}", company.1, founder.0);
             assert!(founder.1.contains(&town.0), "{} names the town {}", founder.1, town.0);
             assert!(question.text.contains(&company.0), "{} names the company", question.text);

@@ -11,8 +11,10 @@
 //! is a run of adjacent words, broken by punctuation, a stop word, or a
 //! word the question or an earlier query holds; within a run, words far
 //! less rare than the run's rarest (under half its IDF) break it too, so
-//! "started by Ada Varnok" yields "Ada Varnok" and "Razak during 1950"
-//! yields "Razak" and "1950". Phrases rank by their rarest word's IDF.
+//! "started by Ada Varnok" yields "Ada Varnok", and a word only one
+//! document holds is never part of a bridge (it leads nowhere). Phrases rank
+//! by their rarest word's IDF times the number of hits naming them
+//! ([`bridges`]).
 
 use std::collections::{HashMap, HashSet};
 
@@ -77,21 +79,41 @@ pub fn idf(df: f32, n: f32) -> f32 {
     (1.0 + (n - df + 0.5) / (df + 0.5)).ln()
 }
 
-/// The IDF of every word of `documents` (lower-cased [`words`], stop words
-/// left out), counted over the documents themselves: the statistics of a
-/// collection held in memory, as copy pre-training has it.
-pub fn collection_idf<'a>(documents: impl IntoIterator<Item = &'a str>) -> HashMap<String, f32> {
-    let mut df: HashMap<String, f32> = HashMap::new();
-    let mut n = 0.0f32;
-    for document in documents {
-        n += 1.0;
-        let distinct: HashSet<String> =
-            words(document).iter().map(|w| w.text.to_lowercase()).filter(|w| !is_stop_word(w)).collect();
-        for word in distinct {
-            *df.entry(word).or_default() += 1.0;
+/// How many documents of a collection hold each word (lower-cased
+/// [`words`], stop words left out): what bridges are ranked by.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct WordStats {
+    /// Documents holding each word.
+    pub df: HashMap<String, u32>,
+    /// Documents in the collection.
+    pub documents: u32,
+}
+
+impl WordStats {
+    /// The statistics of `documents` (their texts), counted in memory, as
+    /// copy pre-training has them.
+    pub fn of_documents<'a>(documents: impl IntoIterator<Item = &'a str>) -> Self {
+        let mut stats = Self::default();
+        for document in documents {
+            stats.documents += 1;
+            let distinct: HashSet<String> =
+                words(document).iter().map(|w| w.text.to_lowercase()).filter(|w| !is_stop_word(w)).collect();
+            for word in distinct {
+                *stats.df.entry(word).or_default() += 1;
+            }
+        }
+        stats
+    }
+
+    /// How much a word says as a bridge: its IDF when at least two
+    /// documents hold it, else 0. A word only one document holds (a year, a
+    /// code) leads back to where it was read, never to another document.
+    pub fn weight(&self, word: &str) -> f32 {
+        match self.df.get(word) {
+            Some(&df) if df >= 2 => idf(df as f32, self.documents as f32),
+            _ => 0.0,
         }
     }
-    df.into_iter().map(|(word, df)| (word, idf(df, n))).collect()
 }
 
 /// The bridges `hits` offer, most salient first, each once and as a query:
@@ -101,21 +123,31 @@ pub fn collection_idf<'a>(documents: impl IntoIterator<Item = &'a str>) -> HashM
 /// token, so `"query": "Raklon` would spell the first word with tokens the
 /// results never show, and a policy could only recall names, not copy new
 /// ones. Searches ignore the space.
-/// `known`: the question and the queries searched so far; `idf`: a
-/// lower-cased word's IDF in the collection (0 for a word it lacks).
-pub fn bridges(hits: &[ListedHit], known: &[String], idf: impl Fn(&str) -> f32) -> Vec<String> {
+///
+/// `known`: the question and the queries searched so far. A phrase's
+/// salience is its rarest word's [`WordStats::weight`] times the number of
+/// hits that name it, counting once more each hit it is the title of: as in
+/// a relevance model, what the results keep naming and the collection
+/// rarely does is what they are about, and a phrase that titles a document
+/// names something the collection has a document on.
+pub fn bridges(hits: &[ListedHit], known: &[String], stats: &WordStats) -> Vec<String> {
     let known: HashSet<String> = known.iter().flat_map(|k| words(k)).map(|w| w.text.to_lowercase()).collect();
+    let texts: Vec<String> = hits.iter().map(|hit| hit.text.to_lowercase()).collect();
+    let titles: Vec<String> = hits.iter().map(|hit| hit.title.to_lowercase()).collect();
     // (salience, first seen, phrase): first seen keeps ties in reading order.
     let mut found: Vec<(f32, usize, String)> = Vec::new();
     let mut keep = |phrase: &[(Word, f32)]| {
-        let Some(salience) = phrase.iter().map(|(_, idf)| *idf).reduce(f32::max).filter(|s| *s > 0.0) else {
+        let Some(rarest) = phrase.iter().map(|(_, weight)| *weight).reduce(f32::max).filter(|s| *s > 0.0) else {
             return;
         };
         let text = phrase.iter().map(|(w, _)| w.text).collect::<Vec<_>>().join(" ");
-        match found.iter_mut().find(|(_, _, seen)| seen.eq_ignore_ascii_case(&text)) {
-            Some(seen) => seen.0 = seen.0.max(salience),
-            None => found.push((salience, found.len(), text)),
+        if found.iter().any(|(_, _, seen)| seen.eq_ignore_ascii_case(&text)) {
+            return;
         }
+        let lower = text.to_lowercase();
+        let naming =
+            texts.iter().filter(|t| t.contains(&lower)).count() + titles.iter().filter(|t| **t == lower).count();
+        found.push((rarest * naming as f32, found.len(), text));
     };
     for hit in hits {
         let mut run: Vec<(Word, f32)> = Vec::new();
@@ -123,7 +155,7 @@ pub fn bridges(hits: &[ListedHit], known: &[String], idf: impl Fn(&str) -> f32) 
             let lower = word.text.to_lowercase();
             let breaks = is_stop_word(&lower) || known.contains(&lower);
             if !breaks {
-                run.push((word, idf(&lower)));
+                run.push((word, stats.weight(&lower)));
             }
             if breaks || word.ends_phrase {
                 salient_phrases(&run).for_each(&mut keep);
@@ -136,18 +168,20 @@ pub fn bridges(hits: &[ListedHit], known: &[String], idf: impl Fn(&str) -> f32) 
     found.into_iter().map(|(_, _, phrase)| format!(" {phrase}")).collect()
 }
 
-/// The parts of `run` whose words are at least half as rare as its rarest.
+/// The parts of `run` whose words weigh at least half its heaviest.
 fn salient_phrases<'r, 'w>(run: &'r [(Word<'w>, f32)]) -> impl Iterator<Item = &'r [(Word<'w>, f32)]> {
-    let rarest = run.iter().map(|(_, idf)| *idf).fold(0.0f32, f32::max);
-    run.split(move |(_, idf)| *idf < rarest / 2.0).filter(|phrase| !phrase.is_empty())
+    let rarest = run.iter().map(|(_, weight)| *weight).fold(0.0f32, f32::max);
+    run.split(move |(_, weight)| *weight < rarest / 2.0 || *weight == 0.0).filter(|phrase| !phrase.is_empty())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// A listed hit: the title is the text up to its first full stop.
     fn hit(text: &str) -> ListedHit {
-        ListedHit { id: "d".into(), text: text.into() }
+        let title = text.split_once(". ").map_or("", |(title, _)| title).to_owned();
+        ListedHit { id: "d".into(), title, text: text.into() }
     }
 
     fn texts(text: &str) -> Vec<&str> {
@@ -164,32 +198,58 @@ mod tests {
         assert_eq!(ends, [false, true, true, true]);
     }
 
+    /// Statistics of a collection of 100 documents with `df` of each word.
+    fn stats(df: &[(&str, u32)]) -> WordStats {
+        WordStats { df: df.iter().map(|(w, n)| ((*w).to_owned(), *n)).collect(), documents: 100 }
+    }
+
     #[test]
     fn bridges_rank_by_the_rarest_word_whatever_its_case() {
-        let idf: HashMap<&str, f32> =
-            [("written", 0.5), ("elixir", 2.0), ("dynamodb", 2.1), ("calls", 0.4), ("rhabeksa-store", 6.0)].into();
+        let stats = stats(&[("written", 60), ("elixir", 12), ("dynamodb", 10), ("calls", 70), ("rhabeksa-store", 3)]);
         let hits =
             [hit("kaquka-worker. kaquka-worker is written in Elixir, stores in DynamoDB and calls rhabeksa-store.")];
         let known = ["What does the service that kaquka-worker calls for downstream work handle?".to_owned()];
-        let found = bridges(&hits, &known, |w| idf.get(w).copied().unwrap_or(0.0));
-        assert_eq!(found[..3], [" rhabeksa-store", " DynamoDB", " Elixir"]);
+        assert_eq!(bridges(&hits, &known, &stats)[..3], [" rhabeksa-store", " DynamoDB", " Elixir"]);
     }
 
     #[test]
-    fn a_name_is_one_phrase_and_common_words_beside_it_are_not() {
-        let idf: HashMap<&str, f32> =
-            [("started", 0.7), ("ada", 3.5), ("varnok", 5.0), ("1903", 4.0), ("klabou", 5.0)].into();
-        let hits = [hit("Klabou Atelier. Klabou Atelier was started by Ada Varnok in 1903.")];
+    fn a_name_is_one_phrase_and_a_word_of_one_document_leads_nowhere() {
+        let stats = stats(&[("started", 40), ("ada", 4), ("varnok", 3), ("1903", 1), ("makes", 40)]);
+        let hits = [hit("Klabou Atelier. Klabou Atelier was started by Ada Varnok in 1903. It makes kettles.")];
         let known = ["Name the river near the founder of Klabou Atelier.".to_owned()];
-        let found = bridges(&hits, &known, |w| idf.get(w).copied().unwrap_or(0.0));
-        assert_eq!(found, [" Ada Varnok", " 1903", " started"]);
+        assert_eq!(bridges(&hits, &known, &stats), [" Ada Varnok", " started", " makes"]);
     }
 
     #[test]
-    fn idf_over_documents_counts_each_document_once() {
-        let idf = collection_idf(["Varnok met Varnok", "the rain", "rain"]);
-        assert_eq!(idf["varnok"], super::idf(1.0, 3.0));
-        assert_eq!(idf["rain"], super::idf(2.0, 3.0));
-        assert!(!idf.contains_key("the"));
+    fn what_the_results_keep_naming_outranks_a_rarer_word_named_once() {
+        let stats = stats(&[("kinoul", 3), ("bruraizak", 3), ("leme", 2), ("droner", 9)]);
+        let hits = [
+            hit("Goutrath Company. Goutrath Company was started by Kinoul Bruraizak."),
+            hit("Kinoul Bruraizak. Kinoul Bruraizak gave a talk in Droner."),
+            hit("Leme Company. Leme Company was started by someone."),
+        ];
+        let known = ["Name the river near the founder of Goutrath Company.".to_owned()];
+        assert_eq!(bridges(&hits, &known, &stats)[..3], [" Kinoul Bruraizak", " Leme", " Droner"]);
+    }
+
+    #[test]
+    fn a_phrase_that_titles_a_listed_document_outranks_a_word_as_rare() {
+        let stats = stats(&[("kinoul", 3), ("bruraizak", 3), ("trade", 3)]);
+        let hits = [
+            hit("Goutrath Company. Goutrath Company was started by Kinoul Bruraizak."),
+            hit("Tafou Bugiklail. Tafou Bugiklail gave a talk about trade."),
+            hit("Kinoul Bruraizak. Kinoul Bruraizak gave a talk about trade."),
+        ];
+        let known = ["Name the river near the founder of Goutrath Company.".to_owned()];
+        assert_eq!(bridges(&hits, &known, &stats)[..2], [" Kinoul Bruraizak", " trade"]);
+    }
+
+    #[test]
+    fn statistics_count_each_document_once() {
+        let stats = WordStats::of_documents(["Varnok met Varnok", "the rain", "rain"]);
+        assert_eq!((stats.df["varnok"], stats.df["rain"], stats.documents), (1, 2, 3));
+        assert!(!stats.df.contains_key("the"));
+        assert_eq!(stats.weight("varnok"), 0.0, "one document: no bridge");
+        assert_eq!(stats.weight("rain"), idf(2.0, 3.0));
     }
 }

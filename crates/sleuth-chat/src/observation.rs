@@ -57,6 +57,8 @@ pub fn snippet(text: &str) -> String {
 pub struct ListedHit {
     /// The document's id.
     pub id: String,
+    /// The document's title as shown.
+    pub title: String,
     /// `<title>. <snippet>`: what the observation shows of the document.
     pub text: String,
 }
@@ -69,7 +71,8 @@ pub fn parse_search_results(observation: &str) -> Vec<ListedHit> {
         match (heading, hits.last_mut()) {
             (Some((_, rest)), _) => {
                 let (id, title) = rest.split_once(" | ").unwrap_or((rest, ""));
-                hits.push(ListedHit { id: id.trim().to_owned(), text: format!("{title}. ") });
+                let title = title.trim().to_owned();
+                hits.push(ListedHit { id: id.trim().to_owned(), text: format!("{title}. "), title });
             }
             (None, Some(hit)) => hit.text.push_str(line),
             (None, None) => {}
@@ -126,7 +129,8 @@ mod tests {
                 .starts_with("bm25_search results for \"who \\\"started\\\" it\":\n[1] doc_id: o3 | Klabou Atelier\n")
         );
         let listed = parse_search_results(&observation);
-        assert_eq!(listed[0], ListedHit { id: "o3".into(), text: "Klabou Atelier. Started by Ada Varnok.".into() });
+        let text = "Klabou Atelier. Started by Ada Varnok.".into();
+        assert_eq!(listed[0], ListedHit { id: "o3".into(), title: "Klabou Atelier".into(), text });
         assert_eq!(listed[1].id, "p3");
         assert!(listed[1].text.ends_with("..."), "{}", listed[1].text);
         assert_eq!(search_results("bm25_search", "q", &[]), "bm25_search found no documents for \"q\".");

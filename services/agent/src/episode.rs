@@ -2,8 +2,7 @@
 //! the observations back, until it submits a ranking or a budget ends it.
 //! History is never truncated; the outcome says what ended the episode.
 
-use std::collections::HashMap;
-
+use sleuth_chat::bridge::WordStats;
 use sleuth_chat::observation::{SEARCH_HITS, SUBMITTED, Searched, ranking};
 use sleuth_chat::tools::SEARCH_TOOLS;
 use sleuth_kit::client::{MeshChannel, within};
@@ -108,7 +107,7 @@ pub async fn run(clients: &Clients, request: &RunEpisodeRequest) -> Episode {
                 Err(why) => break 'episode End::new(EpisodeOutcome::ToolError, why),
             };
             let mut used_tokens = 0u32;
-            let mut found = Found { searches: Vec::new(), word_idf: teacher.as_ref().map(|_| HashMap::new()) };
+            let mut found = Found { searches: Vec::new(), word_stats: teacher.as_ref().map(|_| WordStats::default()) };
             if !config.opening_search.is_empty() {
                 let cap = budget.observation_char_cap;
                 let opened =
@@ -141,8 +140,8 @@ pub async fn run(clients: &Clients, request: &RunEpisodeRequest) -> Episode {
                     sampling: Some(sampling),
                     teacher_reply: teacher
                         .as_mut()
-                        .zip(found.word_idf.as_ref())
-                        .map(|(t, word_idf)| t.reply(observation, word_idf, max_turns - turns))
+                        .zip(found.word_stats.as_ref())
+                        .map(|(t, stats)| t.reply(observation, stats, max_turns - turns))
                         .unwrap_or_default(),
                     turns_before: Some(turns),
                     ..Default::default()
@@ -233,7 +232,8 @@ async fn open(
 }
 
 /// The scripted teacher replying in this episode, if the config names one;
-/// a mixture draws its strategy from the sampling seed (or the episode id).
+/// a mixture draws its strategy, and an exploring one its bridges, from the
+/// sampling seed (or the episode id).
 fn teacher_for(
     config: &AgentConfig,
     episode_id: &str,
@@ -243,7 +243,7 @@ fn teacher_for(
     let Some(spec) = crate::teacher::TeacherSpec::parse(&config.teacher)? else { return Ok(None) };
     let seed = config.sampling.as_ref().and_then(|s| s.seed).unwrap_or_else(|| sleuth_kit::seed::derive(0, episode_id));
     let opened = !config.opening_search.is_empty();
-    Ok(Some(crate::teacher::Teacher::new(spec.choose(seed, offered)?, question, opened)))
+    Ok(Some(crate::teacher::Teacher::new(spec.choose(seed, offered)?, question, opened, seed)))
 }
 
 /// The collection's tools (those `config.tools` names, or all) and the answer tool.
@@ -263,11 +263,11 @@ async fn offered_tools(clients: &Clients, collection: &str, config: &AgentConfig
 }
 
 /// What an episode's searches found: each search's hit ids, in order (what
-/// a submission without ids ranks), and, for a teacher, the IDF of every
-/// word they showed (`None` asks the gateway for none).
+/// a submission without ids ranks), and, for a teacher, the collection's
+/// statistics of every word they showed (`None` asks the gateway for none).
 struct Found {
     searches: Vec<Searched>,
-    word_idf: Option<HashMap<String, f32>>,
+    word_stats: Option<WordStats>,
 }
 
 /// Runs the reply's tool calls in order, appending one tool message each
@@ -302,7 +302,7 @@ async fn run_tools(
             episode_id: episode_id.to_owned(),
             // A submission without ids ranks to the depth the metric scores.
             ranking_depth: SUBMITTED as u32,
-            word_idf: found.word_idf.is_some(),
+            word_stats: found.word_stats.is_some(),
         };
         let observation =
             match within(clients.tool_timeout, request, async |r| clients.tools.clone().call_tool(r).await).await {
@@ -317,8 +317,9 @@ async fn run_tools(
                         let ids = response.hits.into_iter().map(|hit| hit.doc_id).collect();
                         found.searches.push(Searched { ids, shown });
                     }
-                    if let Some(word_idf) = found.word_idf.as_mut() {
-                        word_idf.extend(response.word_idf);
+                    if let Some(stats) = found.word_stats.as_mut() {
+                        stats.df.extend(response.word_df);
+                        stats.documents = response.documents;
                     }
                     response.observation
                 }

@@ -5,20 +5,20 @@
 //!
 //! A strategy is `<retriever>:<hops>`: search the question with
 //! `bm25_search` or `vector_search`, then `hops` times search a bridge the
-//! latest results show (`sleuth_chat::bridge`: the phrase of the rarest
-//! words in the collection that neither the question nor an earlier search
-//! holds, ranked by the IDF the tool gateway reports with each search),
+//! latest results show (`sleuth_chat::bridge`: a phrase the results keep
+//! naming, of words rare in the collection, that neither the question nor
+//! an earlier search holds, ranked by the document frequencies the tool
+//! gateway reports with each search),
 //! then submit without ids: the agent ranks what the searches found, the
 //! last search's first. `mixture` draws one strategy per episode from the
 //! episode's seed, among those whose tool is offered: how many hops, and
-//! whether to follow the most salient bridge or the runner-up. Which choice
+//! whether each hop follows the most salient bridge or explores one of the
+//! [`EXPLORED`] most salient (drawn per hop from the seed). Which choice
 //! suits a question is left to the reward: trajectory SFT keeps, of each
 //! question's episodes, those the reward ranks highest.
 
-use std::collections::HashMap;
-
 use serde_json::json;
-use sleuth_chat::bridge::bridges;
+use sleuth_chat::bridge::{WordStats, bridges};
 use sleuth_chat::observation::{ListedHit, SEARCH_HITS, parse_search_results};
 use sleuth_proto::common::v1::ToolSpec;
 
@@ -26,6 +26,8 @@ use crate::prompt::SUBMIT_TOOL;
 
 /// The most bridges a strategy follows.
 const MAX_HOPS: u32 = 3;
+/// How many of the most salient bridges an exploring hop draws from.
+pub const EXPLORED: u64 = 3;
 
 /// One scripted way to search.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,9 +36,9 @@ pub struct Strategy {
     pub tool: &'static str,
     /// Bridges followed after searching the question.
     pub hops: u32,
-    /// Which of the ranked bridges each hop follows: 0 the most salient, 1
-    /// the runner-up (or the most salient when it stands alone).
-    pub pick: u32,
+    /// Each hop draws one of the [`EXPLORED`] most salient bridges from the
+    /// episode's seed, instead of following the most salient.
+    pub explore: bool,
 }
 
 /// What `AgentConfig.teacher` asks for.
@@ -67,7 +69,7 @@ impl TeacherSpec {
                     _ => return Err(bad()),
                 };
                 let hops: u32 = hops.parse().ok().filter(|h| *h <= MAX_HOPS).ok_or_else(bad)?;
-                Ok(Some(Self::Fixed(Strategy { tool, hops, pick: 0 })))
+                Ok(Some(Self::Fixed(Strategy { tool, hops, explore: false })))
             }
         }
     }
@@ -86,8 +88,8 @@ impl TeacherSpec {
                     .into_iter()
                     .filter(|tool| has(tool))
                     .flat_map(|tool| {
-                        let hop = move |(hops, pick)| Strategy { tool, hops, pick };
-                        [(0, 0), (1, 0), (1, 1), (2, 0), (2, 1)].map(hop)
+                        let hop = move |(hops, explore)| Strategy { tool, hops, explore };
+                        [(0, false), (1, false), (1, true), (2, false), (2, true)].map(hop)
                     })
                     .collect();
                 if choices.is_empty() {
@@ -102,6 +104,8 @@ impl TeacherSpec {
 /// A teacher following one strategy through one episode.
 pub struct Teacher {
     strategy: Strategy,
+    /// Draws the bridges an exploring strategy follows.
+    seed: u64,
     question: String,
     /// The queries searched so far.
     searched: Vec<String>,
@@ -113,15 +117,16 @@ impl Teacher {
     /// A teacher for `question`; `opened`: the agent searched the question
     /// before the first turn (`opening_search`), so the teacher starts from
     /// its results.
-    pub fn new(strategy: Strategy, question: &str, opened: bool) -> Self {
+    pub fn new(strategy: Strategy, question: &str, opened: bool, seed: u64) -> Self {
         let searched = if opened { vec![question.to_owned()] } else { Vec::new() };
-        Self { strategy, question: question.to_owned(), searched, latest: Vec::new() }
+        Self { strategy, seed, question: question.to_owned(), searched, latest: Vec::new() }
     }
 
     /// The next reply, given the observation of the previous call (none on
-    /// the first turn), the IDF of the words the episode's searches showed
-    /// (`CallToolResponse.word_idf`), and the turns left (the last one submits).
-    pub fn reply(&mut self, observation: Option<&str>, word_idf: &HashMap<String, f32>, turns_left: u32) -> String {
+    /// the first turn), the collection's statistics of the words the
+    /// episode's searches showed (`CallToolResponse.word_df`), and the turns
+    /// left (the last one submits).
+    pub fn reply(&mut self, observation: Option<&str>, stats: &WordStats, turns_left: u32) -> String {
         if let Some(observation) = observation {
             self.latest = parse_search_results(observation);
         }
@@ -129,7 +134,7 @@ impl Teacher {
             return self.search(self.question.clone());
         }
         let more_hops = self.searched.len() <= self.strategy.hops as usize;
-        match self.bridge(word_idf).filter(|_| more_hops && turns_left > 1) {
+        match self.bridge(stats).filter(|_| more_hops && turns_left > 1) {
             Some(name) => self.search(name),
             None => self.submit(),
         }
@@ -142,10 +147,15 @@ impl Teacher {
     }
 
     /// The query following the strategy's pick of the latest results' bridges.
-    fn bridge(&self, word_idf: &HashMap<String, f32>) -> Option<String> {
+    fn bridge(&self, stats: &WordStats) -> Option<String> {
         let known: Vec<String> = std::iter::once(&self.question).chain(&self.searched).cloned().collect();
-        let mut ranked = bridges(&self.latest, &known, |word| word_idf.get(word).copied().unwrap_or(0.0));
-        let pick = (self.strategy.pick as usize).min(ranked.len().saturating_sub(1));
+        let mut ranked = bridges(&self.latest, &known, stats);
+        let hop = self.searched.len();
+        let pick = match self.strategy.explore {
+            true => (sleuth_kit::seed::derive(self.seed, &format!("hop {hop}")) % EXPLORED) as usize,
+            false => 0,
+        };
+        let pick = pick.min(ranked.len().saturating_sub(1));
         (!ranked.is_empty()).then(|| ranked.swap_remove(pick))
     }
 
@@ -168,13 +178,13 @@ fn call(tool: &str, arguments: &serde_json::Value) -> String {
 mod tests {
     use super::*;
 
-    /// Word IDFs as a gateway would report them for the tests' results:
-    /// names rare, dates and common words less so.
-    fn idf() -> HashMap<String, f32> {
-        let rare =
-            [("varnok", 5.0), ("ada", 3.0), ("foukur", 5.0), ("razak", 4.0), ("toubal", 5.0), ("rhabeksa-store", 6.0)];
-        let common = [("1903", 2.0), ("1950", 2.0), ("started", 0.5), ("potter", 1.0), ("lives", 0.5), ("clouds", 1.0)];
-        rare.into_iter().chain(common).map(|(word, idf)| (word.to_owned(), idf)).collect()
+    /// Document frequencies in a collection of 100, as a gateway would
+    /// report them for the tests' results: names rare, common words not.
+    fn stats() -> WordStats {
+        let rare = [("varnok", 3), ("ada", 5), ("foukur", 4), ("razak", 6), ("toubal", 3), ("rhabeksa-store", 3)];
+        let common = [("1903", 1), ("1950", 1), ("started", 40), ("potter", 9), ("lives", 40), ("clouds", 20)];
+        let df = rare.into_iter().chain(common).map(|(word, df)| (word.to_owned(), df)).collect();
+        WordStats { df, documents: 100 }
     }
 
     fn tools(names: &[&str]) -> Vec<ToolSpec> {
@@ -186,7 +196,7 @@ mod tests {
         assert_eq!(TeacherSpec::parse(""), Ok(None));
         assert_eq!(
             TeacherSpec::parse("bm25:2"),
-            Ok(Some(TeacherSpec::Fixed(Strategy { tool: "bm25_search", hops: 2, pick: 0 })))
+            Ok(Some(TeacherSpec::Fixed(Strategy { tool: "bm25_search", hops: 2, explore: false })))
         );
         assert_eq!(TeacherSpec::parse("mixture"), Ok(Some(TeacherSpec::Mixture)));
         for bad in ["bm25", "sql:1", "bm25:9", "vector:x"] {
@@ -199,63 +209,69 @@ mod tests {
     #[test]
     fn a_mixture_varies_by_seed_within_the_offered_tools() {
         let offered = tools(&["bm25_search", "read_document"]);
-        let chosen: std::collections::BTreeSet<(u32, u32)> = (0..64)
+        let chosen: std::collections::BTreeSet<(u32, bool)> = (0..64)
             .map(|seed| TeacherSpec::Mixture.choose(seed, &offered).unwrap())
-            .map(|strategy| (strategy.hops, strategy.pick))
+            .map(|strategy| (strategy.hops, strategy.explore))
             .collect();
-        assert_eq!(chosen, [(0, 0), (1, 0), (1, 1), (2, 0), (2, 1)].into());
+        assert_eq!(chosen, [(0, false), (1, false), (1, true), (2, false), (2, true)].into());
         assert!((0..64).all(|seed| TeacherSpec::Mixture.choose(seed, &offered).unwrap().tool == "bm25_search"));
     }
 
     #[test]
     fn two_hops_follow_the_bridges_then_submit() {
-        let strategy = Strategy { tool: "bm25_search", hops: 2, pick: 0 };
+        let strategy = Strategy { tool: "bm25_search", hops: 2, explore: false };
         let mut teacher =
-            Teacher::new(strategy, "Name the river near the residence of the founder of Klabou Atelier.", false);
-        let first = teacher.reply(None, &idf(), 5);
+            Teacher::new(strategy, "Name the river near the residence of the founder of Klabou Atelier.", false, 0);
+        let first = teacher.reply(None, &stats(), 5);
         assert!(first.contains(r#""name": "bm25_search""#) && first.contains("Klabou Atelier"), "{first}");
         let company = "bm25_search results for \"...\":\n[1] doc_id: o3 | Klabou Atelier\nKlabou Atelier was started by Ada Varnok in 1903.\n[2] doc_id: do3 | Klabou Atelier\nKlabou Atelier sponsored the regatta held in Razak during 1950.\n";
-        let second = teacher.reply(Some(company), &idf(), 4);
+        let second = teacher.reply(Some(company), &stats(), 4);
         assert!(second.contains(r#""query": " Ada Varnok""#), "{second}");
         let person = "bm25_search results for \"Ada Varnok\":\n[1] doc_id: p3 | Ada Varnok\nAda Varnok lives in Foukur and earns a living as a potter.\n";
-        let third = teacher.reply(Some(person), &idf(), 3);
+        let third = teacher.reply(Some(person), &stats(), 3);
         assert!(third.contains(r#""query": " Foukur""#), "{third}");
         let town = "bm25_search results for \"Foukur\":\n[1] doc_id: c1 | Foukur\nFoukur lies beside the Toubal.\n";
-        let last = teacher.reply(Some(town), &idf(), 2);
+        let last = teacher.reply(Some(town), &stats(), 2);
         assert_eq!(last, r#"<tool_call>[{"name": "submit_ranking", "arguments": {}}]</tool_call>"#);
     }
 
     #[test]
     fn after_an_opening_search_the_teacher_bridges_from_its_results() {
         let question = "Name the river near the residence of the founder of Klabou Atelier.";
-        let mut teacher = Teacher::new(Strategy { tool: "bm25_search", hops: 1, pick: 0 }, question, true);
+        let mut teacher = Teacher::new(Strategy { tool: "bm25_search", hops: 1, explore: false }, question, true, 0);
         let company = "bm25_search results for \"...\":\n[1] doc_id: o3 | Klabou Atelier\nKlabou Atelier was started by Ada Varnok in 1903.\n";
-        assert!(teacher.reply(Some(company), &idf(), 4).contains(r#""query": " Ada Varnok""#));
+        assert!(teacher.reply(Some(company), &stats(), 4).contains(r#""query": " Ada Varnok""#));
         let person =
             "bm25_search results for \"Ada Varnok\":\n[1] doc_id: p3 | Ada Varnok\nAda Varnok lives in Foukur.\n";
-        assert!(teacher.reply(Some(person), &idf(), 3).contains(r#""name": "submit_ranking""#), "one hop only");
-        let mut at_once = Teacher::new(Strategy { tool: "bm25_search", hops: 0, pick: 0 }, question, true);
-        assert!(at_once.reply(Some(company), &idf(), 4).contains(r#""name": "submit_ranking""#));
+        assert!(teacher.reply(Some(person), &stats(), 3).contains(r#""name": "submit_ranking""#), "one hop only");
+        let mut at_once = Teacher::new(Strategy { tool: "bm25_search", hops: 0, explore: false }, question, true, 0);
+        assert!(at_once.reply(Some(company), &stats(), 4).contains(r#""name": "submit_ranking""#));
     }
 
     #[test]
     fn the_last_turn_submits_whatever_was_found() {
-        let mut teacher = Teacher::new(Strategy { tool: "bm25_search", hops: 2, pick: 0 }, "why does it rain", false);
-        teacher.reply(None, &idf(), 2);
+        let mut teacher =
+            Teacher::new(Strategy { tool: "bm25_search", hops: 2, explore: false }, "why does it rain", false, 0);
+        teacher.reply(None, &stats(), 2);
         let hits =
             "bm25_search results for \"why does it rain\":\n[1] doc_id: rain | Rainfall\nRain forms in Clouds Above.\n";
-        assert!(teacher.reply(Some(hits), &idf(), 1).contains(r#""name": "submit_ranking""#));
+        assert!(teacher.reply(Some(hits), &stats(), 1).contains(r#""name": "submit_ranking""#));
     }
 
     #[test]
-    fn a_lower_case_identifier_is_a_bridge_and_a_pick_takes_the_runner_up() {
+    fn a_lower_case_identifier_is_a_bridge_and_exploring_hops_draw_others() {
         let question = "What does the service that kaquka-worker calls for downstream work handle?";
         let service = "bm25_search results for \"...\":\n[1] doc_id: s1 | kaquka-worker\nkaquka-worker is written in Elixir and calls rhabeksa-store for downstream work.\n";
-        let mut idf = idf();
-        idf.extend([("elixir".to_owned(), 2.0)]);
-        let mut first = Teacher::new(Strategy { tool: "bm25_search", hops: 1, pick: 0 }, question, true);
-        assert!(first.reply(Some(service), &idf, 4).contains(r#""query": " rhabeksa-store""#));
-        let mut second = Teacher::new(Strategy { tool: "bm25_search", hops: 1, pick: 1 }, question, true);
-        assert!(second.reply(Some(service), &idf, 4).contains(r#""query": " Elixir""#));
+        let mut stats = stats();
+        stats.df.insert("elixir".to_owned(), 15);
+        let mut first = Teacher::new(Strategy { tool: "bm25_search", hops: 1, explore: false }, question, true, 0);
+        assert!(first.reply(Some(service), &stats, 4).contains(r#""query": " rhabeksa-store""#));
+        // Three bridges, each drawn by some seed.
+        stats.df.insert("written".to_owned(), 60);
+        let explore = Strategy { tool: "bm25_search", hops: 1, explore: true };
+        let explored: std::collections::BTreeSet<String> =
+            (0..32).map(|seed| Teacher::new(explore, question, true, seed).reply(Some(service), &stats, 4)).collect();
+        assert_eq!(explored.len() as u64, EXPLORED, "{explored:#?}");
+        assert!(explored.iter().any(|reply| reply.contains(r#""query": " Elixir""#)), "{explored:#?}");
     }
 }

@@ -313,7 +313,7 @@ fn a_fresh_policy_has_a_tokenizer_of_its_collection_and_loads_in_transformers() 
     // A search conversation over the collection, as the gateway renders it.
     let document = sleuth_beir::BeirDir::new(&collection)
         .corpus(sleuth_beir::BadLines::Fail)?
-        .find_map(|d| d.ok().filter(|d| d.id.starts_with('p')))
+        .find_map(|d| d.ok().filter(|d| d.text.contains(" lives in ")))
         .context("a person's document")?;
     let call = |name: &str, arguments: serde_json::Value| {
         serde_json::json!({"role": "assistant", "content": "",

@@ -121,29 +121,29 @@ impl Collection {
         self.bm25_terms(&searcher, &expanded, k)
     }
 
-    /// The BM25 IDF of every word of `text` (lower-cased
-    /// `sleuth_chat::bridge::words`, stop words left out): the rarest of the
-    /// analyzed terms a word becomes, 0 for a word the collection lacks.
-    pub fn word_idf(&self, text: &str) -> Result<HashMap<String, f32>, Error> {
+    /// How many documents hold each word of `text` (lower-cased
+    /// `sleuth_chat::bridge::words`, stop words left out), by the index: the
+    /// fewest of the analyzed terms a word becomes that any document holds,
+    /// 0 for a word the collection lacks.
+    pub fn word_df(&self, text: &str) -> Result<HashMap<String, u32>, Error> {
         let mut analyzer = self.bm25.options.analyzer();
         let searcher = self.reader.searcher();
-        let n = self.len() as f32;
-        let mut idf = HashMap::new();
+        let mut counts = HashMap::new();
         for word in bridge::words(text) {
             let word = word.text.to_lowercase();
-            if bridge::is_stop_word(&word) || idf.contains_key(&word) {
+            if bridge::is_stop_word(&word) || counts.contains_key(&word) {
                 continue;
             }
-            let mut rarest = 0.0f32;
+            let mut rarest: Option<u64> = None;
             for token in bm25::tokens(&mut analyzer, &word) {
-                let df = self.bm25.doc_freq(&searcher, &token)? as f32;
-                if df > 0.0 {
-                    rarest = rarest.max(bridge::idf(df, n));
+                let df = self.bm25.doc_freq(&searcher, &token)?;
+                if df > 0 {
+                    rarest = Some(rarest.map_or(df, |r| r.min(df)));
                 }
             }
-            idf.insert(word, rarest);
+            counts.insert(word, rarest.unwrap_or(0) as u32);
         }
-        Ok(idf)
+        Ok(counts)
     }
 
     /// Of the `k` best documents by BM25 for the analyzed, weighted `terms`.

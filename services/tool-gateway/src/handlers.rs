@@ -365,15 +365,16 @@ impl Handlers {
             ToolCall::Bm25Search { .. } | ToolCall::ReadDocument { .. } => None,
         };
         let searched = collection.clone();
-        let with_idf = request.word_idf;
-        let (observation, word_idf) = blocking(move || {
+        let with_stats = request.word_stats;
+        let (observation, word_df) = blocking(move || {
             let observation = tools::execute(&searched, &call, vector.as_deref(), cap, depth)?;
-            let word_idf = if with_idf { searched.word_idf(&observation.text)? } else { HashMap::new() };
-            Ok((observation, word_idf))
+            let word_df = if with_stats { searched.word_df(&observation.text)? } else { HashMap::new() };
+            Ok((observation, word_df))
         })
         .await?;
         Ok(Response::new(pb::CallToolResponse {
-            word_idf,
+            word_df,
+            documents: if with_stats { collection.len() as u32 } else { 0 },
             observation: observation.text,
             truncated: observation.truncated,
             hits: hits_to_proto(&collection, &observation.hits),

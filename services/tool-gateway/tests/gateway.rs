@@ -114,7 +114,7 @@ async fn serves_tools_over_scifact_with_clear_errors_and_under_concurrency() -> 
         observation_char_cap: cap,
         episode_id: "ep-1".into(),
         ranking_depth: 0,
-        word_idf: false,
+        word_stats: false,
     };
     let found = tools
         .call_tool(call(
@@ -141,14 +141,15 @@ async fn serves_tools_over_scifact_with_clear_errors_and_under_concurrency() -> 
     assert_eq!((deep.hits.len(), deep.hits_shown), (10, 5));
     assert_eq!(deep.hits[..5], found.hits[..], "the same five first");
     assert_eq!(deep.observation.matches("doc_id: ").count(), 5, "only the k asked for are shown");
-    assert!(deep.word_idf.is_empty(), "statistics only when asked for");
-    // A teacher asks for the IDF of the words shown, the rarer the higher.
-    let with_idf = pb::CallToolRequest { word_idf: true, ..call("bm25_search", r#"{"query": "white matter"}"#, 0) };
-    let with_idf = tools.call_tool(with_idf).await?.into_inner();
-    let shown = sleuth_chat::bridge::words(&with_idf.observation).len();
-    assert!(with_idf.word_idf.len() > 10 && with_idf.word_idf.len() <= shown, "{} of {shown}", with_idf.word_idf.len());
-    assert!(!with_idf.word_idf.contains_key("the"), "stop words carry no statistics");
-    assert!(with_idf.word_idf["white"] > with_idf.word_idf["results"], "{:?}", with_idf.word_idf);
+    assert!(deep.word_df.is_empty() && deep.documents == 0, "statistics only when asked for");
+    // A teacher asks how many documents hold each word shown.
+    let stats = pb::CallToolRequest { word_stats: true, ..call("bm25_search", r#"{"query": "white matter"}"#, 0) };
+    let stats = tools.call_tool(stats).await?.into_inner();
+    let shown = sleuth_chat::bridge::words(&stats.observation).len();
+    assert!(stats.word_df.len() > 10 && stats.word_df.len() <= shown, "{} of {shown}", stats.word_df.len());
+    assert!(!stats.word_df.contains_key("the"), "stop words carry no statistics");
+    assert!(stats.word_df["white"] < stats.word_df["results"], "{:?}", stats.word_df);
+    assert!(stats.word_df.values().all(|&df| df <= stats.documents) && stats.documents == 5183);
     // RM3 expands the query from its first ten hits: other documents, the best kept near the top.
     let search = |method: pb::SearchMethod| pb::SearchRequest {
         collection: "scifact".into(),
@@ -292,7 +293,7 @@ async fn vector_search_on_scifact_matches_the_published_figure_and_is_served() -
             observation_char_cap: 0,
             episode_id: String::new(),
             ranking_depth: 0,
-            word_idf: false,
+            word_stats: false,
         })
         .await?
         .into_inner();
@@ -306,7 +307,7 @@ async fn vector_search_on_scifact_matches_the_published_figure_and_is_served() -
         observation_char_cap: 1200,
         episode_id: String::new(),
         ranking_depth: 0,
-        word_idf: false,
+        word_stats: false,
     };
     let found = tools.call_tool(request("how does the newborn brain's white matter develop?")).await?.into_inner();
     assert_eq!(found.hits.len(), 3);

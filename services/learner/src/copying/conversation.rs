@@ -5,9 +5,7 @@
 
 use serde_json::{Value as Json, json};
 use sleuth_beir::Document;
-use std::collections::HashMap;
-
-use sleuth_chat::bridge::{bridges, collection_idf};
+use sleuth_chat::bridge::{WordStats, bridges};
 use sleuth_chat::observation::{Hit, SEARCH_HITS, parse_search_results, search_results, shorten};
 use sleuth_chat::tool_calls_text;
 use sleuth_chat::tools::{READ_DOCUMENT, SEARCH_TOOLS, SUBMIT_RANKING, ToolSchema};
@@ -82,9 +80,9 @@ pub(crate) struct Source {
     words: Vec<String>,
     /// The offered tools, as the chat template renders them.
     pub tools: Offered,
-    /// The IDF of the documents' words: what bridges are ranked by, as the
-    /// tool gateway reports it to the teacher.
-    word_idf: HashMap<String, f32>,
+    /// The documents' word statistics: what bridges are ranked by, as the
+    /// tool gateway reports them to the teacher.
+    word_stats: WordStats,
 }
 
 impl Source {
@@ -94,8 +92,8 @@ impl Source {
         words.dedup();
         let words = words.into_iter().map(str::to_owned).collect();
         let bodies: Vec<String> = documents.iter().map(|d| format!("{}\n{}", d.title, d.text)).collect();
-        let word_idf = collection_idf(bodies.iter().map(String::as_str));
-        Self { documents, questions, words, tools, word_idf }
+        let word_stats = WordStats::of_documents(bodies.iter().map(String::as_str));
+        Self { documents, questions, words, tools, word_stats }
     }
 
     /// Documents drawn from.
@@ -215,8 +213,7 @@ pub(crate) fn conversation(source: &Source, task: Task, draw: &mut Draw) -> (Vec
             .collect();
         let observation = search_results(tool, &query, &hits);
         let listed = parse_search_results(&observation);
-        let idf = |word: &str| source.word_idf.get(word).copied().unwrap_or(0.0);
-        bridge = bridges(&listed, &queries, idf).into_iter().next();
+        bridge = bridges(&listed, &queries, &source.word_stats).into_iter().next();
         messages.push(json!({"role": "assistant", "content": search(tool, &query)}));
         messages.push(json!({"role": "tool", "content": observation}));
         queries.push(query);
