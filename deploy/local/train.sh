@@ -164,7 +164,7 @@ train() {
 # Every SFT step also rehearses 48 conversations of copy pre-training
 # (`training.copy_rehearsal`): without them SFT taught the policy to recall
 # the teacher's bridges, and on new questions it wrote names that are
-# nowhere in the results (measured in docs/learner.md).
+# nowhere in the results (measured in docs/experiments/learner-recipe.md).
 spec sft sft 4 "max_epochs: $sft_epochs
 agent:
   budget: {max_turns: 5, max_new_tokens_per_turn: 96, max_episode_tokens: 6144, observation_char_cap: 2000}
@@ -213,7 +213,7 @@ evaluate sft --agent-from sft
 # bridges on the questions that need them won in one demo and not in the
 # next, whose SFT bridges paid less; at 1.0 GRPO from that weaker SFT policy
 # learnt to submit at once only where that pays, and so did both demos since
-# (docs/learner.md).
+# (docs/experiments/learner-recipe.md).
 spec grpo rl 8 "max_epochs: $grpo_epochs
 policy: {from_run: sft}
 agent:

@@ -8,7 +8,7 @@
 //! document), so a per-question split would let one part's training answer
 //! the other's questions: a policy that memorised a bridge during SFT then
 //! "finds" it during GRPO on the same company, and GRPO learns to rely on
-//! recall that fails on new questions (measured: see docs/learner.md).
+//! recall that fails on new questions (measured: see docs/experiments/learner-recipe.md).
 //! Documents judged by very many questions (hubs) are the exception: they
 //! join none (see [`connected`]).
 

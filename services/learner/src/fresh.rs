@@ -47,7 +47,7 @@ const IM_END: &str = "<|im_end|>";
 /// `sleuth-chat` writes for templates that know no tools) stay out of every
 /// prompt: a policy this small learns its tools' use in copy pre-training
 /// and SFT, not from schemas, and a long fixed prefix made copying from the
-/// conversation measurably worse (docs/learner.md). Tool calls are written
+/// conversation measurably worse (docs/experiments/learner-recipe.md). Tool calls are written
 /// into the assistant's content by `sleuth-chat`.
 const CHAT_TEMPLATE: &str = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}\
 {{ '<|im_start|>system\nYou are a search agent.' }}{{ TOOLS }}{{ '<|im_end|>\n' }}{% endif %}\
