@@ -16,7 +16,7 @@ use sleuth_tests::fixture::*;
 /// The synthetic collection (8 companies), indexed for BM25, and its questions with their qrels.
 fn synth(dir: &std::path::Path) -> Result<(std::path::PathBuf, Vec<Task>)> {
     let source = dir.join("synth");
-    sleuth_beir::synth::write(&source, sleuth_beir::synth::SynthSpec { seed: 3, companies: 8 })?;
+    sleuth_beir::synth::write(&source, sleuth_beir::synth::SynthSpec { family: Default::default(), seed: 3, size: 8 })?;
     let index = dir.join("synth-index");
     index_collection(&source, &index, "synth", false)?;
     let beir = sleuth_beir::BeirDir::new(&source);

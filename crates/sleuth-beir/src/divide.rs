@@ -349,7 +349,11 @@ mod tests {
     fn a_divided_collection_keeps_the_other_splits_and_links_the_corpus() {
         let scratch = tempfile::tempdir().unwrap();
         let source = scratch.path().join("synth");
-        crate::synth::write(&source, crate::synth::SynthSpec { seed: 1, companies: 40 }).unwrap();
+        crate::synth::write(
+            &source,
+            crate::synth::SynthSpec { family: crate::synth::Family::Companies, seed: 1, size: 40 },
+        )
+        .unwrap();
         let out = scratch.path().join("halves");
         let division =
             write_divided(&BeirDir::new(&source), "train", &parts(&["sft:1", "rl:1"]), 1, MIN_QUESTIONS, &out).unwrap();

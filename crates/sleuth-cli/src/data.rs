@@ -51,12 +51,17 @@ struct DivideArgs {
 struct SynthArgs {
     /// The directory to write (corpus.jsonl, queries.jsonl, qrels/); must not exist.
     out: PathBuf,
+    /// The world: `companies` (companies, founders, towns; 1 to 3 searches)
+    /// or `services` (services, teams, people, incidents; 1 to 4 searches).
+    #[arg(long, default_value = "companies", value_parser = ["companies", "services"])]
+    family: String,
     /// Seeds names, links and splits: the same seed writes the same bytes.
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Companies in the world; each gives four questions (one per type).
-    #[arg(long, default_value_t = 200)]
-    companies: usize,
+    /// Subjects of the questions (companies, or services); each gives four
+    /// questions (one per type).
+    #[arg(long, visible_alias = "companies", default_value_t = 200)]
+    size: usize,
 }
 
 pub fn run(args: DataArgs) -> anyhow::Result<()> {
@@ -93,7 +98,11 @@ fn synth(args: SynthArgs) -> anyhow::Result<()> {
     anyhow::ensure!(!args.out.exists(), "{} already exists; choose a new directory", args.out.display());
     let made = sleuth_beir::synth::write(
         &args.out,
-        sleuth_beir::synth::SynthSpec { seed: args.seed, companies: args.companies },
+        sleuth_beir::synth::SynthSpec {
+            family: sleuth_beir::synth::Family::parse(&args.family)?,
+            seed: args.seed,
+            size: args.size,
+        },
     )?;
     let splits: Vec<String> = made.questions.iter().map(|(split, n)| format!("{split} {n}")).collect();
     let types: Vec<String> = made.types.iter().map(|(kind, n)| format!("{kind} {n}")).collect();

@@ -216,7 +216,10 @@ fn a_fresh_policy_has_a_tokenizer_of_its_collection_and_loads_in_transformers() 
     use anyhow::Context;
     let scratch = tempfile::tempdir()?;
     let collection = scratch.path().join("synth");
-    sleuth_beir::synth::write(&collection, sleuth_beir::synth::SynthSpec { seed: 5, companies: 40 })?;
+    sleuth_beir::synth::write(
+        &collection,
+        sleuth_beir::synth::SynthSpec { family: Default::default(), seed: 5, size: 40 },
+    )?;
     // Through the command line, as a user makes one, with a short copy pre-training.
     let out = scratch.path().join("policy");
     let init_policy = || {

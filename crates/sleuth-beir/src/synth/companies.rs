@@ -1,6 +1,6 @@
-//! A seeded synthetic BEIR collection to learn multi-hop search on: a small
-//! world of companies, their founders, the towns they live in and the
-//! rivers beside those towns, with questions that need 1 to 3 searches.
+//! The companies family: a small world of companies, their founders, the
+//! towns they live in and the rivers beside those towns, with questions
+//! that need 1 to 3 searches.
 //!
 //! - **product** (1 search): "What does Velmor Works produce?" names the
 //!   company; its document answers.
@@ -9,55 +9,13 @@
 //! - **founder_river** (3 searches): company -> founder -> the founder's town,
 //!   whose document names the river.
 //!
-//! A multi-hop question shares no content word with its answer document
-//! (checked as the collection is made): the answer is found only through the
-//! bridge entity an earlier document names. Distractors share the
-//! questions' vocabulary: news items that name a company or a person beside
-//! another town, so BM25 on the question alone ranks them high. Qrels are
-//! graded: the answer 2, each bridge 1. A company's questions all go to one
-//! split (70 % train, 15 % validation, 15 % test), and each split has towns
-//! of its own, where its companies' founders live, so what a policy learns
-//! in training answers no test question: no document is the answer of
-//! questions in two splits. Document ids are opaque (eight hex digits) and
-//! the corpus is shuffled, so neither an id nor a position tells a
-//! company's founder. Names are made-up words from a seeded generator: the
-//! same seed writes the same bytes.
+//! Distractors share the questions' vocabulary: news items that name a
+//! company or a person beside another town, so BM25 on the question alone
+//! ranks them high. A company's questions all go to one split, and each
+//! split has towns of its own, where its companies' founders live. Names
+//! are capitalised made-up words.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::fmt::Write as _;
-use std::path::Path;
-
-use crate::BeirError;
-
-/// How big a collection to make.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SynthSpec {
-    /// Seeds every choice: names, links, splits.
-    pub seed: u64,
-    /// Companies (one founder each); each gives up to four questions.
-    pub companies: usize,
-}
-
-/// What [`write`] made.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Synthesized {
-    /// Documents in `corpus.jsonl` (distractors included).
-    pub documents: usize,
-    /// Questions per split (`train`, `validation`, `test`).
-    pub questions: BTreeMap<&'static str, usize>,
-    /// Questions per type, over all splits.
-    pub types: BTreeMap<&'static str, usize>,
-}
-
-/// The splits and the share of questions each gets (of 20).
-const SPLITS: [(&str, u64); 3] = [("train", 14), ("validation", 3), ("test", 3)];
-
-/// Words that carry no content: ignored when checking that a question and
-/// its answer document share no word.
-const STOPWORDS: &[&str] = &[
-    "a", "an", "and", "as", "at", "by", "does", "for", "from", "in", "is", "it", "its", "of", "on", "the", "to", "was",
-    "what", "where", "which", "who", "with",
-];
+use super::{Names, Question, Rng, SPLITS, World, draw_split};
 
 const CRAFTS: &[&str] = &[
     "glassblower",
@@ -99,63 +57,6 @@ const FEATURES: &[&str] = &[
 const GOODS: &[&str] = &["apples", "honey", "cheese", "olives", "herring", "barley", "walnuts", "plums"];
 const EVENTS: &[&str] = &["regatta", "harvest fair", "lantern parade", "chess tournament", "choir festival"];
 const TOPICS: &[&str] = &["apprenticeships", "old tools", "market prices", "river trade", "guild law"];
-
-/// SplitMix64: small, seedable, the same on every platform.
-pub(crate) struct Rng(pub(crate) u64);
-
-impl Rng {
-    pub(crate) fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    pub(crate) fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-
-    fn pick<'a>(&mut self, items: &[&'a str]) -> &'a str {
-        items[self.below(items.len())]
-    }
-}
-
-/// Made-up capitalised words, never repeated and never a word of the
-/// templates (a name must not look like question vocabulary).
-struct Names {
-    taken: BTreeSet<String>,
-}
-
-impl Names {
-    fn new() -> Self {
-        let mut taken = BTreeSet::new();
-        for template_word in TEMPLATE_WORDS.iter().chain(STOPWORDS) {
-            taken.insert(template_word.to_string());
-        }
-        Self { taken }
-    }
-
-    fn fresh(&mut self, rng: &mut Rng, syllables: usize) -> String {
-        const ONSETS: &[&str] =
-            &["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr", "kl", "tr"];
-        const VOWELS: &[&str] = &["a", "e", "i", "o", "u", "ai", "ou"];
-        const CODAS: &[&str] = &["", "", "n", "r", "l", "s", "th", "k"];
-        loop {
-            let mut word = String::new();
-            for _ in 0..syllables {
-                word.push_str(rng.pick(ONSETS));
-                word.push_str(rng.pick(VOWELS));
-            }
-            word.push_str(rng.pick(CODAS));
-            if self.taken.insert(word.clone()) {
-                let mut chars = word.chars();
-                let first = chars.next().map(|c| c.to_ascii_uppercase()).unwrap_or('X');
-                return std::iter::once(first).chain(chars).collect();
-            }
-        }
-    }
-}
 
 /// Every word the document and question templates use (names must differ).
 const TEMPLATE_WORDS: &[&str] = &[
@@ -218,64 +119,36 @@ struct Company {
     year: u32,
 }
 
-struct Question {
-    /// The company the question is about: all of a company's questions go to one split,
-    /// so nothing learnt about it in training answers a test question.
-    company: usize,
-    id: String,
-    kind: &'static str,
-    text: String,
-    /// Document id -> grade (answer 2, bridges 1).
-    judged: Vec<(String, i32)>,
-    /// The answer document's text, for the no-shared-word check.
-    answer_text: String,
-}
-
-/// Content words of `text`: lower case, split on anything not alphanumeric, stopwords dropped.
-fn content_words(text: &str) -> BTreeSet<String> {
-    text.split(|c: char| !c.is_alphanumeric())
-        .filter(|w| !w.is_empty())
-        .map(str::to_lowercase)
-        .filter(|w| !STOPWORDS.contains(&w.as_str()))
-        .collect()
-}
-
-/// Writes the collection for `spec` into `dir` (created if missing):
-/// `corpus.jsonl`, `queries.jsonl` (with each question's `metadata.type`
-/// and `metadata.hops`) and `qrels/{train,validation,test}.tsv`.
-pub fn write(dir: &Path, spec: SynthSpec) -> Result<Synthesized, BeirError> {
-    if spec.companies < 4 {
-        return Err(BeirError::Synth(format!("companies must be at least 4, got {}", spec.companies)));
-    }
-    let mut rng = Rng(spec.seed);
-    let mut names = Names::new();
-    let split_of: Vec<&str> = (0..spec.companies).map(|_| draw_split(&mut rng)).collect();
+/// The world of `companies` companies (one founder each), drawn from `rng`.
+pub(crate) fn world(rng: &mut Rng, companies: usize) -> World {
+    let mut names = Names::new(TEMPLATE_WORDS);
+    let split_of: Vec<&str> = (0..companies).map(|_| draw_split(rng)).collect();
     // Every split gets a town of its own, the rest are drawn by share.
-    let towns = (spec.companies / 4).max(SPLITS.len());
+    let towns = (companies / 4).max(SPLITS.len());
     let town_split: Vec<&str> =
-        (0..towns).map(|t| if t < SPLITS.len() { SPLITS[t].0 } else { draw_split(&mut rng) }).collect();
+        (0..towns).map(|t| if t < SPLITS.len() { SPLITS[t].0 } else { draw_split(rng) }).collect();
     let cities: Vec<City> = (0..towns)
         .map(|_| City {
-            name: names.fresh(&mut rng, 2),
-            river: names.fresh(&mut rng, 2),
+            name: names.fresh(rng, 2),
+            river: names.fresh(rng, 2),
             feature: rng.pick(FEATURES),
             goods: rng.pick(GOODS),
         })
         .collect();
-    let people: Vec<Person> = (0..spec.companies)
+    let people: Vec<Person> = (0..companies)
         .map(|i| {
             let home: Vec<usize> = (0..towns).filter(|&t| town_split[t] == split_of[i]).collect();
             Person {
-                first: names.fresh(&mut rng, 2),
-                last: names.fresh(&mut rng, 3),
+                first: names.fresh(rng, 2),
+                last: names.fresh(rng, 3),
                 town: home[rng.below(home.len())],
                 craft: rng.pick(CRAFTS),
             }
         })
         .collect();
-    let companies: Vec<Company> = (0..spec.companies)
+    let companies: Vec<Company> = (0..companies)
         .map(|i| Company {
-            name: format!("{} {}", names.fresh(&mut rng, 2), rng.pick(SUFFIXES)),
+            name: format!("{} {}", names.fresh(rng, 2), rng.pick(SUFFIXES)),
             founder: i,
             product: rng.pick(PRODUCTS),
             year: 1820 + rng.below(180) as u32,
@@ -323,7 +196,8 @@ pub fn write(dir: &Path, spec: SynthSpec) -> Result<Synthesized, BeirError> {
         let founder = &people[company.founder];
         let (org, person, city) = (format!("o{i}"), format!("p{}", company.founder), format!("c{}", founder.town));
         let mut ask = |kind: &'static str, text: String, judged: Vec<(String, i32)>, answer_text: String| {
-            questions.push(Question { company: i, id: format!("q{i}-{kind}"), kind, text, judged, answer_text });
+            let (split, id) = (split_of[i], format!("q{i}-{kind}"));
+            questions.push(Question { split, id, kind, text, judged, answer_text });
         };
         ask("product", format!("What does {} produce?", company.name), vec![(org.clone(), 2)], company_text(company));
         ask(
@@ -345,101 +219,19 @@ pub fn write(dir: &Path, spec: SynthSpec) -> Result<Synthesized, BeirError> {
             city_text(&cities[founder.town]),
         );
     }
-    // The multi-hop promise: nothing of the question in its answer.
-    for question in questions.iter().filter(|q| q.kind != "product") {
-        let shared: Vec<String> =
-            content_words(&question.text).intersection(&content_words(&question.answer_text)).cloned().collect();
-        if !shared.is_empty() {
-            return Err(BeirError::Synth(format!(
-                "question {} shares {shared:?} with its answer document",
-                question.id
-            )));
-        }
-    }
-
-    let ids = opaque_ids(&mut rng, &corpus);
-    shuffle(&mut rng, &mut corpus);
-    let documents = corpus.len();
-    let io = |path: &Path, source: std::io::Error| BeirError::Io { path: path.to_owned(), source };
-    std::fs::create_dir_all(dir.join("qrels")).map_err(|e| io(dir, e))?;
-    let mut queries = String::new();
-    let mut qrels: BTreeMap<&str, String> =
-        SPLITS.iter().map(|(split, _)| (*split, "query-id\tcorpus-id\tscore\n".to_owned())).collect();
-    let mut summary = Synthesized { documents, ..Default::default() };
-    for question in &questions {
-        let hops = question.judged.len();
-        let line = serde_json::json!({
-            "_id": question.id,
-            "text": question.text,
-            "metadata": {"type": question.kind, "hops": hops},
-        });
-        let _ = writeln!(queries, "{line}");
-        let split = split_of[question.company];
-        let lines = qrels.get_mut(split).expect("every split has qrels");
-        for (doc, grade) in &question.judged {
-            let _ = writeln!(lines, "{}\t{}\t{grade}", question.id, ids[doc]);
-        }
-        *summary.questions.entry(split).or_default() += 1;
-        *summary.types.entry(question.kind).or_default() += 1;
-    }
-    let mut lines = String::new();
-    for (key, title, text) in &corpus {
-        let _ = writeln!(lines, "{}", serde_json::json!({"_id": ids[key], "title": title, "text": text}));
-    }
-    let corpus_path = dir.join("corpus.jsonl");
-    std::fs::write(&corpus_path, lines).map_err(|e| io(&corpus_path, e))?;
-    let queries_path = dir.join("queries.jsonl");
-    std::fs::write(&queries_path, queries).map_err(|e| io(&queries_path, e))?;
-    for (split, text) in qrels {
-        let path = dir.join("qrels").join(format!("{split}.tsv"));
-        std::fs::write(&path, text).map_err(|e| io(&path, e))?;
-    }
-    Ok(summary)
-}
-
-/// A split drawn by the shares of [`SPLITS`].
-fn draw_split(rng: &mut Rng) -> &'static str {
-    let mut draw = rng.next() % 20;
-    SPLITS
-        .iter()
-        .find(|(_, share)| {
-            let here = draw < *share;
-            draw = draw.saturating_sub(*share);
-            here
-        })
-        .map_or("train", |(split, _)| *split)
-}
-
-/// An opaque id (eight hex digits, all distinct) for each document's key.
-fn opaque_ids(rng: &mut Rng, corpus: &[(String, String, String)]) -> BTreeMap<String, String> {
-    let mut taken = BTreeSet::new();
-    let mut ids = BTreeMap::new();
-    for (key, _, _) in corpus {
-        let id = loop {
-            let id = format!("{:08x}", rng.next() as u32);
-            if taken.insert(id.clone()) {
-                break id;
-            }
-        };
-        ids.insert(key.clone(), id);
-    }
-    ids
-}
-
-/// Fisher-Yates with the collection's generator.
-fn shuffle<T>(rng: &mut Rng, items: &mut [T]) {
-    for i in (1..items.len()).rev() {
-        items.swap(i, rng.below(i + 1));
-    }
+    World { corpus, questions }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use std::collections::BTreeMap;
+    use std::path::Path;
+
+    use crate::synth::{Family, SynthSpec, Synthesized, write};
 
     fn made(seed: u64) -> (tempfile::TempDir, Synthesized) {
         let dir = tempfile::tempdir().unwrap();
-        let summary = write(dir.path(), SynthSpec { seed, companies: 40 }).unwrap();
+        let summary = write(dir.path(), SynthSpec { family: Family::Companies, seed, size: 40 }).unwrap();
         (dir, summary)
     }
 
@@ -457,7 +249,7 @@ mod tests {
     fn every_seed_keeps_the_multi_hop_promise() {
         for seed in 0..50 {
             let dir = tempfile::tempdir().unwrap();
-            write(dir.path(), SynthSpec { seed, companies: 8 }).unwrap();
+            write(dir.path(), SynthSpec { family: Family::Companies, seed, size: 8 }).unwrap();
         }
     }
 
