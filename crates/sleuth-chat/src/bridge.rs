@@ -11,10 +11,10 @@
 //! is a run of adjacent words, broken by punctuation, a stop word, or a
 //! word the question or an earlier query holds; within a run, words far
 //! less rare than the run's rarest (under half its IDF) break it too, so
-//! "started by Ada Varnok" yields "Ada Varnok", and a word only one
-//! document holds is never part of a bridge (it leads nowhere). Phrases rank
-//! by their rarest word's IDF times the number of hits naming them
-//! ([`bridges`]).
+//! "started by Ada Varnok" yields "Ada Varnok"; a word only one document
+//! holds (it leads nowhere) and a number are never part of a bridge.
+//! Phrases rank by their rarest word's IDF, more for one that titles a
+//! listed document ([`bridges`]).
 
 use std::collections::{HashMap, HashSet};
 
@@ -106,9 +106,15 @@ impl WordStats {
     }
 
     /// How much a word says as a bridge: its IDF when at least two
-    /// documents hold it, else 0. A word only one document holds (a year, a
-    /// code) leads back to where it was read, never to another document.
+    /// documents hold it, else 0. A word only one document holds leads back
+    /// to where it was read, never to another document. A number (digits
+    /// only: a year, a count, a price) is an attribute that many unrelated
+    /// documents share by chance, not a name: 0 too. Identifiers that mix
+    /// letters and digits (`INC-4821`, `svc-12`) are names and count.
     pub fn weight(&self, word: &str) -> f32 {
+        if word.chars().all(|c| c.is_ascii_digit() || JOINERS.contains(&c)) {
+            return 0.0;
+        }
         match self.df.get(word) {
             Some(&df) if df >= 2 => idf(df as f32, self.documents as f32),
             _ => 0.0,
@@ -125,18 +131,22 @@ impl WordStats {
 /// ones. Searches ignore the space.
 ///
 /// `known`: the question and the queries searched so far. A phrase's
-/// salience is its rarest word's [`WordStats::weight`] times the number of
-/// hits that name it, counting once more each hit it is the title of: as in
-/// a relevance model, what the results keep naming and the collection
-/// rarely does is what they are about, and a phrase that titles a document
-/// names something the collection has a document on.
+/// salience is its rarest word's [`WordStats::weight`], doubled for each
+/// listed hit it is the title of (a phrase that titles a document names
+/// something the collection has a document on), discounted by the rank of
+/// the first hit that shows it as nDCG discounts (`1 / log2(rank + 1)`): a
+/// better-ranked hit is more likely the question's own document, as a
+/// relevance model weighs feedback documents by their relevance. Without
+/// the discount another company's name (two documents) outranked the
+/// question's founder (three). How often the hits repeat a phrase is left
+/// out: distractors share their template's words ("regatta" in every
+/// sponsorship note), and counting them made those words the bridge.
 pub fn bridges(hits: &[ListedHit], known: &[String], stats: &WordStats) -> Vec<String> {
     let known: HashSet<String> = known.iter().flat_map(|k| words(k)).map(|w| w.text.to_lowercase()).collect();
-    let texts: Vec<String> = hits.iter().map(|hit| hit.text.to_lowercase()).collect();
     let titles: Vec<String> = hits.iter().map(|hit| hit.title.to_lowercase()).collect();
     // (salience, first seen, phrase): first seen keeps ties in reading order.
     let mut found: Vec<(f32, usize, String)> = Vec::new();
-    let mut keep = |phrase: &[(Word, f32)]| {
+    let mut keep = |rank: usize, phrase: &[(Word, f32)]| {
         let Some(rarest) = phrase.iter().map(|(_, weight)| *weight).reduce(f32::max).filter(|s| *s > 0.0) else {
             return;
         };
@@ -145,11 +155,12 @@ pub fn bridges(hits: &[ListedHit], known: &[String], stats: &WordStats) -> Vec<S
             return;
         }
         let lower = text.to_lowercase();
-        let naming =
-            texts.iter().filter(|t| t.contains(&lower)).count() + titles.iter().filter(|t| **t == lower).count();
-        found.push((rarest * naming as f32, found.len(), text));
+        let titled = titles.iter().filter(|t| **t == lower).count();
+        let discount = (rank as f32 + 1.0).log2();
+        found.push((rarest * (1 + titled) as f32 / discount, found.len(), text));
     };
-    for hit in hits {
+    for (index, hit) in hits.iter().enumerate() {
+        let rank = index + 1;
         let mut run: Vec<(Word, f32)> = Vec::new();
         for word in words(&hit.text) {
             let lower = word.text.to_lowercase();
@@ -158,11 +169,11 @@ pub fn bridges(hits: &[ListedHit], known: &[String], stats: &WordStats) -> Vec<S
                 run.push((word, stats.weight(&lower)));
             }
             if breaks || word.ends_phrase {
-                salient_phrases(&run).for_each(&mut keep);
+                salient_phrases(&run).for_each(|phrase| keep(rank, phrase));
                 run.clear();
             }
         }
-        salient_phrases(&run).for_each(&mut keep);
+        salient_phrases(&run).for_each(|phrase| keep(rank, phrase));
     }
     found.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
     found.into_iter().map(|(_, _, phrase)| format!(" {phrase}")).collect()
@@ -221,15 +232,16 @@ mod tests {
     }
 
     #[test]
-    fn what_the_results_keep_naming_outranks_a_rarer_word_named_once() {
-        let stats = stats(&[("kinoul", 3), ("bruraizak", 3), ("leme", 2), ("droner", 9)]);
+    fn equally_rare_names_rank_by_the_hit_they_are_read_in_and_repeats_count_once() {
+        let stats = stats(&[("kinoul", 3), ("bruraizak", 3), ("klougi", 3), ("regatta", 40)]);
         let hits = [
             hit("Goutrath Company. Goutrath Company was started by Kinoul Bruraizak."),
-            hit("Kinoul Bruraizak. Kinoul Bruraizak gave a talk in Droner."),
-            hit("Leme Company. Leme Company was started by someone."),
+            hit("Leme Company. Leme Company was started by Klougi."),
+            hit("Rebrais Mills. Rebrais Mills sponsored the regatta."),
+            hit("Trire Foundry. Trire Foundry sponsored the regatta."),
         ];
         let known = ["Name the river near the founder of Goutrath Company.".to_owned()];
-        assert_eq!(bridges(&hits, &known, &stats)[..3], [" Kinoul Bruraizak", " Leme", " Droner"]);
+        assert_eq!(bridges(&hits, &known, &stats), [" Kinoul Bruraizak", " Klougi", " regatta"]);
     }
 
     #[test]
@@ -245,11 +257,31 @@ mod tests {
     }
 
     #[test]
+    fn a_rarer_name_in_a_lower_hit_yields_to_the_top_hits_name() {
+        let stats = stats(&[("brarour", 3), ("maibodres", 3), ("detrer", 2)]);
+        let hits = [
+            hit("Bura Mills. Bura Mills was started by Brarour Maibodres."),
+            hit("Bura Mills. Bura Mills sponsored the regatta."),
+            hit("Detrer Mills. Detrer Mills sponsored the regatta."),
+        ];
+        let known = ["What trade does the person who established Bura Mills practise?".to_owned()];
+        assert_eq!(bridges(&hits, &known, &stats), [" Brarour Maibodres", " Detrer"]);
+    }
+
+    #[test]
     fn statistics_count_each_document_once() {
         let stats = WordStats::of_documents(["Varnok met Varnok", "the rain", "rain"]);
         assert_eq!((stats.df["varnok"], stats.df["rain"], stats.documents), (1, 2, 3));
         assert!(!stats.df.contains_key("the"));
         assert_eq!(stats.weight("varnok"), 0.0, "one document: no bridge");
         assert_eq!(stats.weight("rain"), idf(2.0, 3.0));
+    }
+
+    #[test]
+    fn a_number_is_no_bridge_but_an_identifier_with_digits_is() {
+        let stats = stats(&[("1950", 3), ("3.5", 3), ("inc-4821", 3), ("varnok", 3)]);
+        assert_eq!((stats.weight("1950"), stats.weight("3.5")), (0.0, 0.0));
+        assert_eq!(stats.weight("inc-4821"), stats.weight("varnok"));
+        assert!(stats.weight("varnok") > 0.0);
     }
 }

@@ -141,6 +141,7 @@ impl Teacher {
     }
 
     fn search(&mut self, query: String) -> String {
+        tracing::debug!(question = %self.question, query = %query, "teacher searches");
         let call = call(self.strategy.tool, &json!({"query": query, "k": SEARCH_HITS}));
         self.searched.push(query);
         call
