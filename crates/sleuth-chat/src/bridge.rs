@@ -67,9 +67,9 @@ pub fn words(text: &str) -> Vec<Word<'_>> {
     words
 }
 
-/// Whether `word` (any case) is a stop word.
+/// Whether `word`, lower-cased as every caller has it, is a stop word.
 pub fn is_stop_word(word: &str) -> bool {
-    STOP_WORDS.contains(&word.to_lowercase().as_str())
+    STOP_WORDS.contains(&word)
 }
 
 /// Lucene's BM25 inverse document frequency of a word in `df` of `n`

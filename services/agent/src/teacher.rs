@@ -5,10 +5,10 @@
 //!
 //! A strategy is `<retriever>:<hops>`: search the question with
 //! `bm25_search` or `vector_search`, then `hops` times search a bridge the
-//! latest results show (`sleuth_chat::bridge`: a phrase the results keep
-//! naming, of words rare in the collection, that neither the question nor
-//! an earlier search holds, ranked by the document frequencies the tool
-//! gateway reports with each search),
+//! latest results show (`sleuth_chat::bridge`: a phrase of words rare in
+//! the collection that neither the question nor an earlier search holds,
+//! ranked by the document frequencies the tool gateway reports with each
+//! search and by the rank of the hit showing it),
 //! then submit without ids: the agent ranks what the searches found, the
 //! last search's first. `mixture` draws one strategy per episode from the
 //! episode's seed, among those whose tool is offered: how many hops, and

@@ -15,7 +15,7 @@
 //! split has towns of its own, where its companies' founders live. Names
 //! are capitalised made-up words.
 
-use super::{Names, Question, Rng, SPLITS, World, draw_split};
+use super::{Names, Question, Rng, World, draw_split, in_split, places};
 
 const CRAFTS: &[&str] = &[
     "glassblower",
@@ -123,11 +123,8 @@ struct Company {
 pub(crate) fn world(rng: &mut Rng, companies: usize) -> World {
     let mut names = Names::new(TEMPLATE_WORDS);
     let split_of: Vec<&str> = (0..companies).map(|_| draw_split(rng)).collect();
-    // Every split gets a town of its own, the rest are drawn by share.
-    let towns = (companies / 4).max(SPLITS.len());
-    let town_split: Vec<&str> =
-        (0..towns).map(|t| if t < SPLITS.len() { SPLITS[t].0 } else { draw_split(rng) }).collect();
-    let cities: Vec<City> = (0..towns)
+    let town_split = places(rng, companies / 4);
+    let cities: Vec<City> = (0..town_split.len())
         .map(|_| City {
             name: names.fresh(rng, 2),
             river: names.fresh(rng, 2),
@@ -137,7 +134,7 @@ pub(crate) fn world(rng: &mut Rng, companies: usize) -> World {
         .collect();
     let people: Vec<Person> = (0..companies)
         .map(|i| {
-            let home: Vec<usize> = (0..towns).filter(|&t| town_split[t] == split_of[i]).collect();
+            let home = in_split(&town_split, split_of[i]);
             Person {
                 first: names.fresh(rng, 2),
                 last: names.fresh(rng, 3),

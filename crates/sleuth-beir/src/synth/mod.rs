@@ -239,6 +239,18 @@ fn finish(dir: &Path, rng: &mut Rng, world: World) -> Result<Synthesized, BeirEr
     Ok(summary)
 }
 
+/// The splits of `count` places a split's subjects live in (towns, teams):
+/// every split gets one of its own, the rest are drawn by share, so no
+/// place, and no document about it, is shared between splits.
+pub(crate) fn places(rng: &mut Rng, count: usize) -> Vec<&'static str> {
+    (0..count.max(SPLITS.len())).map(|p| if p < SPLITS.len() { SPLITS[p].0 } else { draw_split(rng) }).collect()
+}
+
+/// The indices of `splits` that are `split`.
+pub(crate) fn in_split(splits: &[&str], split: &str) -> Vec<usize> {
+    (0..splits.len()).filter(|&i| splits[i] == split).collect()
+}
+
 /// A split drawn by the shares of [`SPLITS`].
 pub(crate) fn draw_split(rng: &mut Rng) -> &'static str {
     let mut draw = rng.next() % 20;

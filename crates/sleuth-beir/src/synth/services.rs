@@ -19,7 +19,7 @@
 //! Distractors: release notes that name two services, and team news that
 //! names a team. Every split has teams, people and services of its own.
 
-use super::{Names, Question, Rng, SPLITS, World, draw_split};
+use super::{Names, Question, Rng, World, draw_split, in_split, places};
 
 const LANGUAGES: &[&str] = &["Elixir", "Go", "Rust", "Java", "Python", "Kotlin", "Scala", "Haskell"];
 const DATASTORES: &[&str] = &["Postgres", "DynamoDB", "Redis", "Cassandra", "MySQL", "Elasticsearch", "SQLite"];
@@ -84,13 +84,9 @@ struct Person {
 pub(crate) fn world(rng: &mut Rng, services: usize) -> World {
     let mut names = Names::new(TEMPLATE_WORDS);
     let split_of: Vec<&'static str> = (0..services).map(|_| draw_split(rng)).collect();
-    // Every split gets a team of its own; the rest are drawn by share.
-    let teams = (services / 6).max(SPLITS.len());
-    let team_split: Vec<&'static str> =
-        (0..teams).map(|t| if t < SPLITS.len() { SPLITS[t].0 } else { draw_split(rng) }).collect();
+    let team_split = places(rng, services / 6);
+    let teams = team_split.len();
     let team_names: Vec<String> = (0..teams).map(|_| names.fresh(rng, 2)).collect();
-    let of_split =
-        |split: &str, splits: &[&str]| -> Vec<usize> { (0..splits.len()).filter(|&i| splits[i] == split).collect() };
     let mut people: Vec<Person> = Vec::new();
     for team in 0..teams {
         for leads in [true, false, false] {
@@ -100,7 +96,7 @@ pub(crate) fn world(rng: &mut Rng, services: usize) -> World {
     }
     let mut all: Vec<Service> = (0..services)
         .map(|i| {
-            let own_teams = of_split(split_of[i], &team_split);
+            let own_teams = in_split(&team_split, split_of[i]);
             Service {
                 name: format!("{}-{}", names.fresh(rng, 2).to_lowercase(), names.fresh(rng, 1).to_lowercase()),
                 language: rng.pick(LANGUAGES),
@@ -112,7 +108,7 @@ pub(crate) fn world(rng: &mut Rng, services: usize) -> World {
         })
         .collect();
     for i in 0..services {
-        let others: Vec<usize> = of_split(split_of[i], &split_of).into_iter().filter(|&j| j != i).collect();
+        let others: Vec<usize> = in_split(&split_of, split_of[i]).into_iter().filter(|&j| j != i).collect();
         if !others.is_empty() {
             all[i].callee = others[rng.below(others.len())];
         }
