@@ -115,9 +115,10 @@ async fn the_mixtures_best_episode_follows_the_founder_and_is_traced_as_the_poli
         .collect::<Result<_, _>>()?;
     let founder = river
         .qrels
-        .keys()
-        .map(|doc| &titles[doc])
-        .find(|title| river.question.contains(title.as_str()).not() && said.iter().any(|m| m.contains(title.as_str())))
+        .iter()
+        .filter(|(_, grade)| **grade == 1)
+        .map(|(doc, _)| &titles[doc])
+        .find(|title| river.question.contains(title.as_str()).not())
         .context("the founder's name")?;
     let searched: Vec<&str> =
         episode.messages.iter().flat_map(|m| &m.tool_calls).map(|c| c.arguments_json.as_str()).collect();
