@@ -23,6 +23,8 @@ command -v redis-server >/dev/null || missing+=(redis-server)
 { command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; } || missing+=(postgresql)
 command -v runuser >/dev/null || missing+=(util-linux)
 command -v c++ >/dev/null || missing+=(g++)
+# Test certificate authorities (Redis and PostgreSQL over TLS).
+command -v openssl >/dev/null || missing+=(openssl)
 command -v python3 >/dev/null || missing+=(python3)
 python3 -c 'import venv, ensurepip' 2>/dev/null || missing+=(python3-venv)
 # The text of `sleuth run report`'s PNG chart.

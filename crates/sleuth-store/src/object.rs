@@ -8,15 +8,46 @@
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 
-use aws_sdk_s3::config::{Credentials, Region, RequestChecksumCalculation, ResponseChecksumValidation};
+use aws_config::default_provider::credentials::DefaultCredentialsChain;
+use aws_credential_types::provider::{ProvideCredentials, future};
+use aws_sdk_s3::config::{Region, RequestChecksumCalculation, ResponseChecksumValidation};
 use aws_sdk_s3::primitives::ByteStream;
 use futures::FutureExt;
 
 use crate::StoreError;
 
-/// Where S3 is and how to reach it. Credentials come from the standard
-/// `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY` and optional
-/// `AWS_SESSION_TOKEN` environment variables (a Kubernetes secret).
+/// The SDK's default credential chain, built on the first request: building
+/// it reads profile files (async), while opening a store stays synchronous
+/// and contacts nothing. The client caches what the chain returns and asks
+/// again before it expires (web identity and container credentials rotate).
+#[derive(Debug)]
+struct DefaultChain {
+    region: Region,
+    chain: tokio::sync::OnceCell<DefaultCredentialsChain>,
+}
+
+impl ProvideCredentials for DefaultChain {
+    fn provide_credentials<'a>(&'a self) -> future::ProvideCredentials<'a>
+    where
+        Self: 'a,
+    {
+        future::ProvideCredentials::new(async move {
+            let chain = self
+                .chain
+                .get_or_init(|| DefaultCredentialsChain::builder().region(self.region.clone()).build())
+                .await;
+            chain.provide_credentials().await
+        })
+    }
+}
+
+/// Where S3 is and how to reach it. Credentials come from the AWS SDK's
+/// default chain, in its order: the `AWS_ACCESS_KEY_ID` /
+/// `AWS_SECRET_ACCESS_KEY` (/ `AWS_SESSION_TOKEN`) environment variables (a
+/// Kubernetes Secret), shared config files, web identity
+/// (`AWS_WEB_IDENTITY_TOKEN_FILE` + `AWS_ROLE_ARN`: EKS IRSA), container
+/// credentials (`AWS_CONTAINER_CREDENTIALS_FULL_URI`: EKS Pod Identity), then
+/// the instance profile.
 #[derive(clap::Args, Debug, Clone)]
 pub struct S3Args {
     /// S3 API endpoint for S3-compatible servers (MinIO, Ceph); unset = AWS.
@@ -60,15 +91,11 @@ impl ObjectStore {
         if bucket.is_empty() {
             return Err(invalid(uri, "missing bucket name after s3://"));
         }
-        let access_key =
-            std::env::var("AWS_ACCESS_KEY_ID").map_err(|_| invalid(uri, "AWS_ACCESS_KEY_ID is not set"))?;
-        let secret_key =
-            std::env::var("AWS_SECRET_ACCESS_KEY").map_err(|_| invalid(uri, "AWS_SECRET_ACCESS_KEY is not set"))?;
-        let session_token = std::env::var("AWS_SESSION_TOKEN").ok();
+        let region = Region::new(s3.s3_region.clone());
         let mut config = aws_sdk_s3::Config::builder()
             .behavior_version_latest()
-            .region(Region::new(s3.s3_region.clone()))
-            .credentials_provider(Credentials::new(access_key, secret_key, session_token, None, "environment"))
+            .region(region.clone())
+            .credentials_provider(DefaultChain { region, chain: tokio::sync::OnceCell::new() })
             // Checksums only where S3 requires them: several S3-compatible
             // servers reject the newer default trailing checksums.
             .request_checksum_calculation(RequestChecksumCalculation::WhenRequired)

@@ -1,5 +1,6 @@
 //! Redis: trajectory streams and episode traces.
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,12 +10,18 @@ use tokio::sync::OnceCell;
 
 use crate::{StoreError, redact_url};
 
-/// Where Redis is.
+/// Where Redis is and, over TLS, whom to trust.
 #[derive(clap::Args, Debug, Clone)]
 pub struct RedisArgs {
-    /// Redis URL: redis://[:password@]host:port[/db].
+    /// Redis URL: redis://[:password@]host:port[/db], or rediss:// for TLS
+    /// (ElastiCache with in-transit encryption, Azure Cache, Memorystore).
     #[arg(long, env = "SLEUTH_REDIS_URL", default_value = "redis://127.0.0.1:6379/0")]
     pub redis_url: String,
+    /// PEM file of the certificate authorities a rediss:// server's
+    /// certificate must chain to, in place of the system's roots (a private
+    /// CA, Memorystore's server CA). Unset: the system's roots.
+    #[arg(long, env = "SLEUTH_REDIS_CA_FILE")]
+    pub redis_ca_file: Option<PathBuf>,
 }
 
 /// A shared, reconnecting Redis connection, opened on first use so a service
@@ -27,14 +34,39 @@ pub struct RedisStore {
 }
 
 impl RedisStore {
-    /// Validates `url` without connecting.
+    /// Validates `url` without connecting; a rediss:// server must present a
+    /// certificate the system's roots trust.
     pub fn open(url: &str) -> Result<Self, StoreError> {
+        Self::open_trusting(url, None)
+    }
+
+    /// Opens what a service's `--redis-*` options name, without connecting.
+    pub fn from_args(args: &RedisArgs) -> Result<Self, StoreError> {
+        Self::open_trusting(&args.redis_url, args.redis_ca_file.as_deref())
+    }
+
+    /// Validates `url`; over TLS, trusts the authorities in `ca_file` (PEM)
+    /// instead of the system's roots.
+    pub fn open_trusting(url: &str, ca_file: Option<&Path>) -> Result<Self, StoreError> {
         let redacted = redact_url(url);
-        let client = redis::Client::open(url).map_err(|error| StoreError::InvalidUrl {
-            field: "redis_url",
-            value: redacted.clone(),
-            message: error.to_string(),
-        })?;
+        let invalid = |field, value: String, message: String| StoreError::InvalidUrl { field, value, message };
+        let client = match ca_file {
+            None => redis::Client::open(url),
+            Some(path) => {
+                let shown = path.display().to_string();
+                if !url.starts_with("rediss://") {
+                    return Err(invalid(
+                        "redis_ca_file",
+                        shown,
+                        format!("a CA file only applies to TLS, but redis_url {redacted:?} is not rediss://"),
+                    ));
+                }
+                let pem = std::fs::read(path)
+                    .map_err(|error| invalid("redis_ca_file", shown, format!("cannot read it: {error}")))?;
+                redis::Client::build_with_tls(url, redis::TlsCertificates { client_tls: None, root_cert: Some(pem) })
+            }
+        }
+        .map_err(|error| invalid("redis_url", redacted.clone(), error.to_string()))?;
         Ok(Self { url: redacted, client, connection: Arc::default() })
     }
 

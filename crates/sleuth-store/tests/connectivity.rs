@@ -111,6 +111,45 @@ async fn s3_object_store_against_real_server() -> Result<()> {
     Ok(())
 }
 
+/// How EKS gives pods S3 access without keys (IRSA): a projected service
+/// account token in a file and a role to assume with it. The default chain
+/// trades the token for temporary credentials at STS (here moto's, which
+/// accepts any token) and signs with those; with no token there are no
+/// credentials and the request fails saying so.
+#[tokio::test]
+async fn s3_through_web_identity_credentials() -> Result<()> {
+    let server = sleuth_testkit::s3()?;
+    let endpoint = sleuth_testkit::s3_endpoint(&server);
+    let dir = tempfile::tempdir()?;
+    let token = dir.path().join("token");
+    // SAFETY: nextest runs each test in its own process; nothing else reads the environment concurrently.
+    unsafe {
+        for static_key in ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"] {
+            std::env::remove_var(static_key);
+        }
+        std::env::set_var("AWS_CONFIG_FILE", dir.path().join("no-config"));
+        std::env::set_var("AWS_SHARED_CREDENTIALS_FILE", dir.path().join("no-credentials"));
+        std::env::set_var("AWS_EC2_METADATA_DISABLED", "true");
+        std::env::set_var("AWS_ROLE_ARN", "arn:aws:iam::123456789012:role/sleuth-learner");
+        std::env::set_var("AWS_WEB_IDENTITY_TOKEN_FILE", &token);
+        std::env::set_var("AWS_ENDPOINT_URL_STS", &endpoint);
+    }
+    let args = S3Args { s3_endpoint: Some(endpoint), ..S3Args::default() };
+
+    // No token yet: no provider in the chain has credentials.
+    let store = ObjectStore::open("s3://identity/runs/r1", &args)?;
+    let error = store.check().await.expect_err("S3 answered without credentials");
+    let message = format!("{error:?}").to_lowercase();
+    assert!(message.contains("credential"), "{message}");
+
+    std::fs::write(&token, "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJzeXN0ZW06c2VydmljZWFjY291bnQ6c2xldXRoOmxlYXJuZXIifQ.c2ln")?;
+    let store = ObjectStore::open("s3://identity/runs/r1", &args)?;
+    if let ObjectStore::S3 { client, bucket, .. } = &store {
+        client.create_bucket().bucket(bucket).send().await?;
+    }
+    exercise_object_store(&store).await
+}
+
 /// A lease has one holder: a second taker waits, told who holds it; a
 /// holder whose lease expired is given it back when nobody took it since,
 /// and fails to renew, naming the new holder, when someone did; a release

@@ -1,7 +1,8 @@
 //! Real servers for tests, on loopback ports, started on demand and stopped
 //! when the handle is dropped: Redis, PostgreSQL, an S3 API server (moto) and
 //! an OpenTelemetry collector (rotel); and, in-process, a fake Kubernetes
-//! API server for discovery ([`kube_api`]).
+//! API server for discovery ([`kube_api`]); Redis and PostgreSQL over TLS
+//! with a throwaway certificate authority ([`tls`]).
 //!
 //! Binaries are found on `PATH`, then in the project venv (`$SLEUTH_VENV`,
 //! default `~/.cache/sleuth/venv`) and, for PostgreSQL, in Debian's
@@ -10,6 +11,7 @@
 
 pub mod kube_api;
 pub mod service;
+pub mod tls;
 
 use std::fs::File;
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -127,6 +129,14 @@ pub fn redis_url(server: &TestServer) -> String {
 /// A throwaway PostgreSQL cluster (initdb + pg_ctl), trust authentication.
 /// URL: [`postgres_url`].
 pub fn postgres() -> Result<TestServer> {
+    postgres_with(None)
+}
+
+/// Server options a test adds, made from the cluster's scratch directory
+/// (where it may put files the server reads) before the server starts.
+type PostgresOptions<'a> = &'a dyn Fn(&Path) -> Result<String>;
+
+fn postgres_with(extra: Option<PostgresOptions>) -> Result<TestServer> {
     let initdb = find_postgres_tool("initdb")?;
     let pg_ctl = find_postgres_tool("pg_ctl")?;
     let dir = tempfile::Builder::new().prefix("sleuth-pg-").tempdir()?;
@@ -140,6 +150,10 @@ pub fn postgres() -> Result<TestServer> {
         } else {
             Command::new(program)
         }
+    };
+    let extra = match extra {
+        Some(options) => options(dir.path())?,
+        None => String::new(),
     };
     if is_root() {
         let status = Command::new("chown").args(["-R", "postgres:postgres"]).arg(dir.path()).status()?;
@@ -158,7 +172,7 @@ pub fn postgres() -> Result<TestServer> {
     }
     let port = free_port()?;
     let log = dir.path().join("server.log");
-    let options = format!("-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off", dir.path().display());
+    let options = format!("-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off {extra}", dir.path().display());
     let output = as_postgres(&pg_ctl)
         .arg("-D")
         .arg(&data)

@@ -94,7 +94,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
     let token = config.serve.bearer_token()?;
-    let redis = RedisStore::open(&config.redis.redis_url)?;
+    let redis = RedisStore::from_args(&config.redis)?;
     let model = config.model.clone().unwrap_or_else(sleuth_kit::config::default_model_dir);
     let renderer = conversation::Renderer::load(&model)?;
     if config.policy_servers.is_empty() {

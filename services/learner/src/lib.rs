@@ -261,7 +261,7 @@ pub async fn run(
     objective(&config)?;
     let threads = config.torch_threads;
     torch_thread::run(move || sleuth_torch::set_intra_op_threads(threads)).await?;
-    let redis = RedisStore::open(&config.redis.redis_url)?;
+    let redis = RedisStore::from_args(&config.redis)?;
     let database = Database::open(&config.database.database_url)?;
     let checkpoints = lineage::run_store(&config.checkpoint_uri, &config.run_id, &config.s3).await?;
     let device = config.model.device.resolve()?;

@@ -310,7 +310,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
     let database = Database::open(&config.database.database_url)?;
-    let redis = RedisStore::open(&config.redis.redis_url)?;
+    let redis = RedisStore::from_args(&config.redis)?;
     let token = config.serve.bearer_token()?;
     let state = state::State::open(database.clone()).await?;
     let workers = workers::Workers::new(&config.agent_workers, token.as_ref(), config.fault_patience)?;
