@@ -32,10 +32,8 @@ impl ProvideCredentials for DefaultChain {
         Self: 'a,
     {
         future::ProvideCredentials::new(async move {
-            let chain = self
-                .chain
-                .get_or_init(|| DefaultCredentialsChain::builder().region(self.region.clone()).build())
-                .await;
+            let chain =
+                self.chain.get_or_init(|| DefaultCredentialsChain::builder().region(self.region.clone()).build()).await;
             chain.provide_credentials().await
         })
     }

@@ -14,7 +14,13 @@ async fn redis_over_tls_trusts_the_configured_authority_only() -> Result<()> {
 
     let store = RedisStore::open_trusting(&url, Some(&ca.ca_cert()))?;
     let mut connection = store.connection().await?;
-    redis::cmd("XADD").arg("trajectories").arg("*").arg("group").arg("g-1").query_async::<String>(&mut connection).await?;
+    redis::cmd("XADD")
+        .arg("trajectories")
+        .arg("*")
+        .arg("group")
+        .arg("g-1")
+        .query_async::<String>(&mut connection)
+        .await?;
     let length: u64 = redis::cmd("XLEN").arg("trajectories").query_async(&mut connection).await?;
     assert_eq!(length, 1);
 

@@ -34,12 +34,35 @@ impl TestCa {
             Ok(())
         };
         let new_key = ["-newkey", "rsa:2048", "-nodes"];
-        openssl(&[&["req", "-x509", "-days", "2"], &new_key[..], &["-keyout", "ca.key", "-out", "ca.pem", "-subj", "/CN=sleuth-test-ca"]].concat())?;
-        openssl(&[&["req"], &new_key[..], &["-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=localhost"]].concat())?;
+        openssl(
+            &[
+                &["req", "-x509", "-days", "2"],
+                &new_key[..],
+                &["-keyout", "ca.key", "-out", "ca.pem", "-subj", "/CN=sleuth-test-ca"],
+            ]
+            .concat(),
+        )?;
+        openssl(
+            &[&["req"], &new_key[..], &["-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=localhost"]]
+                .concat(),
+        )?;
         std::fs::write(dir.path().join("server.ext"), "subjectAltName=DNS:localhost,IP:127.0.0.1\n")?;
         openssl(&[
-            "x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-days", "2",
-            "-extfile", "server.ext", "-out", "server.pem",
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            "server.ext",
+            "-out",
+            "server.pem",
         ])?;
         Ok(Self { dir })
     }

@@ -17,6 +17,7 @@ pub mod config;
 pub mod copying;
 mod fence;
 pub mod fresh;
+pub mod handlers;
 pub mod imprint;
 pub mod intake;
 pub mod learn;
@@ -33,14 +34,13 @@ pub mod trainer;
 use std::future::Future;
 
 use sleuth_kit::{ErrorKind, GrpcService, KitError, ServiceError};
-use sleuth_proto::learner::v1 as pb;
-use sleuth_proto::learner::v1::learner_server::{Learner, LearnerServer};
-use sleuth_store::{Database, ObjectStore, RedisStore};
+use sleuth_proto::learner::v1::learner_server::LearnerServer;
+use sleuth_store::{Database, RedisStore};
 use tokio::net::TcpListener;
-use tonic::{Request, Response, Status};
 
 use crate::collective::{Collective, Rendezvous, Single, TcpCollective};
 pub use crate::config::{Config, Mode};
+pub use crate::handlers::{Handlers, Starting};
 use crate::learn::{Plan, SharedProgress, Sources};
 use crate::loss::{LossConfig, PolicyLoss};
 use crate::shard::AdamW;
@@ -89,73 +89,6 @@ impl ServiceError for Error {
             Error::Collective(_) => ErrorKind::Unavailable,
             Error::Train(_) | Error::Model(_) | Error::Checkpoint(_) => ErrorKind::Internal,
         }
-    }
-}
-
-/// The RPC handlers: status and checkpoints.
-#[derive(Clone)]
-pub struct Handlers {
-    run_id: String,
-    mode: Mode,
-    rank: usize,
-    world: usize,
-    progress: SharedProgress,
-    checkpoints: ObjectStore,
-    redis: RedisStore,
-}
-
-#[tonic::async_trait]
-impl Learner for Handlers {
-    async fn get_status(&self, _: Request<pb::GetStatusRequest>) -> Result<Response<pb::LearnerStatus>, Status> {
-        let progress = self.progress.lock().expect("progress").clone();
-        let consumer =
-            sleuth_store::trajectories::GroupConsumer::open(self.redis.clone(), &self.run_id, "learner-0").await;
-        let (pending, lag) = match consumer {
-            Ok(consumer) => consumer.backlog().await.unwrap_or_default(),
-            Err(_) => (0, 0),
-        };
-        let last = progress.last.map(|s| serde_json::to_value(s).unwrap_or_default()).unwrap_or_default();
-        let last_step_metrics = last
-            .as_object()
-            .map(|o| o.iter().filter_map(|(k, v)| Some((k.clone(), v.as_f64()?))).collect())
-            .unwrap_or_default();
-        Ok(Response::new(pb::LearnerStatus {
-            run_id: self.run_id.clone(),
-            mode: match self.mode {
-                Mode::Rl => pb::TrainingMode::Rl as i32,
-                Mode::Sft => pb::TrainingMode::Sft as i32,
-            },
-            step: progress.meta.step,
-            policy_version: progress.meta.step,
-            world_size: self.world as u32,
-            rank: self.rank as u32,
-            groups_consumed: progress.meta.groups_consumed,
-            groups_pending: pending + lag,
-            groups_dropped_stale: progress.meta.groups_dropped_stale,
-            last_step_metrics,
-            last_checkpoint_step: progress.last_checkpoint_step,
-        }))
-    }
-
-    async fn list_checkpoints(
-        &self,
-        _: Request<pb::ListCheckpointsRequest>,
-    ) -> Result<Response<pb::ListCheckpointsResponse>, Status> {
-        let steps = checkpoint::complete_steps(&self.checkpoints)
-            .await
-            .map_err(|e| Status::unavailable(format!("listing checkpoints in {}: {e}", self.checkpoints.uri())))?;
-        let base = self.checkpoints.uri();
-        let checkpoints = steps
-            .into_iter()
-            .map(|step| pb::Checkpoint {
-                step,
-                uri: format!("{base}/{}", checkpoint::step_dir(step)),
-                hf_export_uri: format!("{base}/{}/hf", checkpoint::step_dir(step)),
-                complete: true,
-                ..Default::default()
-            })
-            .collect();
-        Ok(Response::new(pb::ListCheckpointsResponse { checkpoints }))
     }
 }
 
@@ -227,13 +160,56 @@ async fn start_model_dir(
     Ok((scratch.path().to_owned(), Some(scratch)))
 }
 
-/// Serves the learner on `listener` and trains until `max_steps` or `shutdown`.
+/// Serves the learner on `listener` from the start (NOT_SERVING while it
+/// starts, see [`Starting`]) and trains until `max_steps` or `shutdown`.
 pub async fn run(
-    mut config: Config,
+    config: Config,
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
     sleuth_kit::names::check_name("run_id", &config.run_id)?;
+    let redis = RedisStore::from_args(&config.redis)?;
+    let database = Database::open(&config.database.database_url)?;
+    let device = config.model.device.resolve()?;
+    let starting = Starting::new(match &config.orchestrator {
+        Some(orchestrator) => format!("waiting for run {} on the orchestrator at {orchestrator}", config.run_id),
+        None => format!("loading the model for run {}", config.run_id),
+    });
+    let service = GrpcService::new(LearnerServer::new(starting.clone()))
+        .with_probe(starting.probe())
+        .with_probe(redis.probe())
+        .with_probe(database.probe())
+        .with_probe(sleuth_torch::device_probe(device));
+    let (served_tx, served_rx) = tokio::sync::oneshot::channel::<()>();
+    let serve = config.serve.clone();
+    let server = tokio::spawn(async move {
+        sleuth_kit::serve(service, &serve, listener, async {
+            let _ = served_rx.await;
+        })
+        .await
+    });
+    let trained = start_and_train(config, Stores { redis, database }, device, &starting, shutdown).await;
+    let _ = served_tx.send(());
+    server.await.map_err(|e| Error::Train(e.to_string()))??;
+    trained
+}
+
+/// The stores the learner opened before it served.
+struct Stores {
+    redis: RedisStore,
+    database: Database,
+}
+
+/// Everything between serving and the end of training, each step told to
+/// `starting`; returns early (Ok) when `shutdown` comes while it waits for
+/// its run.
+async fn start_and_train(
+    mut config: Config,
+    Stores { redis, database }: Stores,
+    device: tch::Device,
+    starting: &Starting,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), Error> {
     let mut shutdown = std::pin::pin!(shutdown);
     if let Some(orchestrator) = config.orchestrator.clone() {
         let token = config.serve.bearer_token()?;
@@ -243,6 +219,7 @@ pub async fn run(
         };
         run_spec::apply(&mut config, &spec)?;
         if let Some(source) = config.start_from_run.clone() {
+            starting.step(format!("exporting the final policy of run {source}, which this run starts from"));
             let source = run_spec::fetch_run(&orchestrator, token.as_ref(), &source).await?;
             let store = lineage::run_store(&config.checkpoint_uri, &source.run_id, &config.s3).await?;
             config.start_model_uri = Some(lineage::source_export(&source, &store).await?);
@@ -251,6 +228,7 @@ pub async fn run(
     // The spec's start model, fetched when it is in S3; the copy lives as long as the learner.
     let _start_model = match config.start_model_uri.clone() {
         Some(uri) => {
+            starting.step(format!("fetching the start model {uri}"));
             let (dir, fetched) = start_model_dir(&uri, &config.s3).await?;
             config.model.dir = Some(dir);
             fetched
@@ -261,15 +239,16 @@ pub async fn run(
     objective(&config)?;
     let threads = config.torch_threads;
     torch_thread::run(move || sleuth_torch::set_intra_op_threads(threads)).await?;
-    let redis = RedisStore::from_args(&config.redis)?;
-    let database = Database::open(&config.database.database_url)?;
     let checkpoints = lineage::run_store(&config.checkpoint_uri, &config.run_id, &config.s3).await?;
-    let device = config.model.device.resolve()?;
     let token = config.serve.bearer_token()?;
     let rendezvous = Rendezvous::from_env()?
         .map(|r| Rendezvous { secret: token.as_ref().map(|t| t.secret().to_vec()).unwrap_or_default(), ..r });
     let collective: Box<dyn Collective> = match &rendezvous {
         Some(r) if r.world_size > 1 => {
+            starting.step(format!(
+                "rank {} of {}: meeting the other ranks at {}:{}",
+                r.rank, r.world_size, r.master_addr, r.master_port
+            ));
             let r = r.clone();
             Box::new(
                 tokio::task::spawn_blocking(move || TcpCollective::connect(&r))
@@ -285,6 +264,7 @@ pub async fn run(
         .ok()
         .and_then(|t| serde_json::from_str(&t).ok())
         .ok_or_else(|| Error::InvalidArgument(format!("model {} has no readable config.json", model_dir.display())))?;
+    starting.step(format!("loading the policy {} onto {device:?}", model_dir.display()));
     let trainer_settings = config.clone();
     let trainer = torch_thread::run(move || load_trainer(&trainer_settings, device, collective)).await??;
     let progress = SharedProgress::default();
@@ -335,7 +315,7 @@ pub async fn run(
         tokio::spawn(learn::follow(trainer, checkpoints.clone()))
     };
 
-    let handlers = Handlers {
+    starting.ready(Handlers {
         run_id: config.run_id.clone(),
         mode: config.mode,
         rank,
@@ -343,17 +323,6 @@ pub async fn run(
         progress,
         checkpoints,
         redis: redis.clone(),
-    };
-    let service = GrpcService::new(LearnerServer::new(handlers))
-        .with_probe(redis.probe())
-        .with_probe(database.probe())
-        .with_probe(sleuth_torch::device_probe(device));
-    let (served_tx, served_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(async move {
-        sleuth_kit::serve(service, &config.serve, listener, async {
-            let _ = served_rx.await;
-        })
-        .await
     });
     // Training ends at max_steps (or on error); shutdown stops it between
     // steps, after a final checkpoint of the steps trained since the last one.
@@ -365,7 +334,5 @@ pub async fn run(
             training.await
         }
     };
-    let _ = served_tx.send(());
-    server.await.map_err(|e| Error::Train(e.to_string()))??;
     trained.map_err(|e| Error::Train(format!("training task failed: {e}")))?
 }
