@@ -1,6 +1,7 @@
 //! `sleuth`: the command-line client of every Sleuth gRPC API.
 
 mod ask;
+mod auth;
 mod chart;
 mod compare;
 mod data;
@@ -38,6 +39,8 @@ enum Command {
     Model(model::ModelArgs),
     /// Make collections: a seeded synthetic multi-hop BEIR collection.
     Data(data::DataArgs),
+    /// Mesh tokens on Kubernetes: make the token Secret once (the Helm chart's hook).
+    Auth(auth::AuthArgs),
 }
 
 #[tokio::main]
@@ -52,6 +55,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Compare(args) => compare::run(args).await.map(|()| 0)?,
         Command::Model(args) => model::run(args).await.map(|()| 0)?,
         Command::Data(args) => data::run(args).map(|()| 0)?,
+        Command::Auth(args) => auth::run(args).await.map(|()| 0)?,
     };
     if code != 0 {
         std::process::exit(code);

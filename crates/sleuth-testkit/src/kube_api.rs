@@ -1,9 +1,14 @@
-//! A fake Kubernetes API server for discovery tests, since no real one can
-//! run here: EndpointSlices only, over the real list and watch protocol
-//! (`GET .../endpointslices?labelSelector=...` answers a list with its
-//! `resourceVersion`; `?watch=true&resourceVersion=N` streams the changes
-//! after N as newline-delimited `WatchEvent`s and stays open), on a loopback
-//! port, with a kubeconfig file that points a client at it.
+//! A fake Kubernetes API server, since no real one can run here, on a
+//! loopback port, with a kubeconfig file that points a client at it. It
+//! serves two resources:
+//!
+//! - EndpointSlices for discovery, over the real list and watch protocol
+//!   (`GET .../endpointslices?labelSelector=...` answers a list with its
+//!   `resourceVersion`; `?watch=true&resourceVersion=N` streams the changes
+//!   after N as newline-delimited `WatchEvent`s and stays open);
+//! - Secrets for the chart's token hook: get, create (409 `AlreadyExists`
+//!   when taken) and JSON merge patch (409 `Conflict` when the patch names a
+//!   `resourceVersion` that is no longer current), with `Status` errors.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -28,6 +33,8 @@ struct Cluster {
     slices: BTreeMap<(String, String), Value>,
     /// Every change: (resourceVersion, event type, namespace, object).
     history: Vec<(u64, &'static str, String, Value)>,
+    /// Secrets by (namespace, name).
+    secrets: BTreeMap<(String, String), Value>,
 }
 
 /// The fake API server; stops when dropped.
@@ -51,6 +58,8 @@ impl FakeKubeApi {
         let (changed, watching) = tokio::sync::watch::channel(0);
         let router = axum::Router::new()
             .route("/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices", axum::routing::get(slices))
+            .route("/api/v1/namespaces/{namespace}/secrets", axum::routing::post(create_secret))
+            .route("/api/v1/namespaces/{namespace}/secrets/{name}", axum::routing::get(get_secret).patch(patch_secret))
             .with_state((cluster.clone(), watching));
         let server = tokio::spawn(async move {
             let _ = axum::serve(listener, router).await;
@@ -91,6 +100,23 @@ impl FakeKubeApi {
         let key = (NAMESPACE.to_owned(), name.to_owned());
         let kind = if self.cluster.lock().unwrap().slices.contains_key(&key) { "MODIFIED" } else { "ADDED" };
         self.record(kind, key, Some(object));
+    }
+
+    /// The Secret `name` in [`NAMESPACE`], as the server holds it.
+    pub fn secret(&self, name: &str) -> Option<Value> {
+        self.cluster.lock().unwrap().secrets.get(&(NAMESPACE.to_owned(), name.to_owned())).cloned()
+    }
+
+    /// Creates or replaces the Secret `name` in [`NAMESPACE`] with `data`
+    /// (values as the API holds them: base64).
+    pub fn set_secret(&self, name: &str, data: Value) {
+        let mut cluster = self.cluster.lock().unwrap();
+        cluster.version += 1;
+        let object = json!({
+            "apiVersion": "v1", "kind": "Secret", "type": "Opaque", "data": data,
+            "metadata": {"name": name, "namespace": NAMESPACE, "resourceVersion": cluster.version.to_string()},
+        });
+        cluster.secrets.insert((NAMESPACE.to_owned(), name.to_owned()), object);
     }
 
     /// Deletes the slice `name`.
@@ -194,6 +220,82 @@ async fn slices(
         .header("content-type", "application/json")
         .body(Body::from_stream(stream))
         .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+}
+
+/// A Kubernetes `Status` error, as clients parse it.
+fn status(code: StatusCode, reason: &str, message: String) -> Response {
+    let body = json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": message, "reason": reason, "code": code.as_u16(),
+    });
+    (code, axum::Json(body)).into_response()
+}
+
+async fn get_secret(
+    State((cluster, _)): State<Shared>,
+    UrlPath((namespace, name)): UrlPath<(String, String)>,
+) -> Response {
+    match cluster.lock().unwrap().secrets.get(&(namespace, name.clone())) {
+        Some(secret) => axum::Json(secret.clone()).into_response(),
+        None => status(StatusCode::NOT_FOUND, "NotFound", format!("secrets \"{name}\" not found")),
+    }
+}
+
+async fn create_secret(
+    State((cluster, _)): State<Shared>,
+    UrlPath(namespace): UrlPath<String>,
+    axum::Json(mut secret): axum::Json<Value>,
+) -> Response {
+    let Some(name) = secret["metadata"]["name"].as_str().map(str::to_owned) else {
+        return status(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", "metadata.name: Required value".into());
+    };
+    let mut cluster = cluster.lock().unwrap();
+    let key = (namespace.clone(), name.clone());
+    if cluster.secrets.contains_key(&key) {
+        return status(StatusCode::CONFLICT, "AlreadyExists", format!("secrets \"{name}\" already exists"));
+    }
+    cluster.version += 1;
+    secret["metadata"]["namespace"] = json!(namespace);
+    secret["metadata"]["resourceVersion"] = json!(cluster.version.to_string());
+    cluster.secrets.insert(key, secret.clone());
+    (StatusCode::CREATED, axum::Json(secret)).into_response()
+}
+
+/// A JSON merge patch (RFC 7386) of `data`; a
+/// `metadata.resourceVersion` in the patch must be the current one.
+async fn patch_secret(
+    State((cluster, _)): State<Shared>,
+    UrlPath((namespace, name)): UrlPath<(String, String)>,
+    body: axum::body::Bytes,
+) -> Response {
+    let Ok(patch) = serde_json::from_slice::<Value>(&body) else {
+        return status(StatusCode::BAD_REQUEST, "BadRequest", "the patch is not JSON".into());
+    };
+    let mut cluster = cluster.lock().unwrap();
+    let version = cluster.version + 1;
+    let Some(secret) = cluster.secrets.get_mut(&(namespace, name.clone())) else {
+        return status(StatusCode::NOT_FOUND, "NotFound", format!("secrets \"{name}\" not found"));
+    };
+    if let Some(expected) = patch["metadata"]["resourceVersion"].as_str()
+        && secret["metadata"]["resourceVersion"].as_str() != Some(expected)
+    {
+        return status(
+            StatusCode::CONFLICT,
+            "Conflict",
+            format!("Operation cannot be fulfilled on secrets \"{name}\": the object has been modified"),
+        );
+    }
+    for (key, value) in patch["data"].as_object().into_iter().flatten() {
+        if value.is_null() {
+            secret["data"].as_object_mut().map(|data| data.remove(key));
+        } else {
+            secret["data"][key] = value.clone();
+        }
+    }
+    secret["metadata"]["resourceVersion"] = json!(version.to_string());
+    let patched = secret.clone();
+    cluster.version = version;
+    axum::Json(patched).into_response()
 }
 
 /// Waits until `ready` holds, polling every 20 ms, for at most `limit`.
