@@ -5,70 +5,9 @@ use std::process::Command;
 
 use anyhow::{Context, Result, ensure};
 use sleuth_testkit::find_tool;
-
-fn chart_dir() -> std::path::PathBuf {
-    sleuth_testkit::checkout_file("helm/sleuth")
-}
-
-fn helm_template(sets: &[&str]) -> Result<String> {
-    helm_template_with(None, sets)
-}
-
-/// `helm template` with the chart's example values file `values` (e.g.
-/// `values-l40s.yaml`) on top of the defaults, then `sets`.
-fn helm_template_with(values: Option<&str>, sets: &[&str]) -> Result<String> {
-    let mut command = Command::new(find_tool("helm")?);
-    command.args(["template", "ci-release"]).arg(chart_dir());
-    if let Some(values) = values {
-        command.arg("-f").arg(chart_dir().join(values));
-    }
-    for set in sets {
-        command.args(["--set", set]);
-    }
-    let output = command.output().context("running helm template")?;
-    ensure!(output.status.success(), "helm template failed: {}", String::from_utf8_lossy(&output.stderr));
-    Ok(String::from_utf8(output.stdout)?)
-}
-
-fn validate(manifests: &str) -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    let path = dir.path().join("rendered.yaml");
-    std::fs::write(&path, manifests)?;
-    let output = Command::new(find_tool("kubernetes-validate")?).args(["--strict", "--quiet"]).arg(&path).output()?;
-    ensure!(
-        output.status.success(),
-        "kubernetes-validate rejected the chart:\n{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    Ok(())
-}
-
-/// (binary, SLEUTH_* variable names, readiness gRPC service) of each
-/// Deployment or StatefulSet (the learner's ranks).
-fn deployments(manifests: &str) -> Vec<(String, Vec<String>, Option<String>)> {
-    manifests
-        .split("\n---")
-        .filter(|doc| doc.contains("\nkind: Deployment") || doc.contains("\nkind: StatefulSet"))
-        .map(|doc| {
-            // The service's own container, after the model's init container.
-            let doc = doc.split("\n      containers:\n").nth(1).unwrap_or(doc);
-            let binary = doc
-                .lines()
-                .find_map(|l| l.trim().strip_prefix("command: [\"/usr/local/bin/"))
-                .map(|rest| rest.trim_end_matches("\"]").to_owned())
-                .unwrap_or_default();
-            let env = doc
-                .lines()
-                .filter_map(|l| l.trim().strip_prefix("- name: "))
-                .filter(|name| name.starts_with("SLEUTH_"))
-                .map(str::to_owned)
-                .collect();
-            let probe = doc.lines().find_map(|l| l.trim().strip_prefix("service: ")).map(str::to_owned);
-            (binary, env, probe)
-        })
-        .collect()
-}
+use sleuth_tests::helm::{
+    chart_dir, deployments, document, documents, env_line, has_line, helm_template, helm_template_with, validate,
+};
 
 #[test]
 fn chart_renders_valid_manifests_with_known_settings() -> Result<()> {
@@ -120,7 +59,10 @@ fn chart_renders_valid_manifests_with_known_settings() -> Result<()> {
     assert!(!unscoped.contains("SLEUTH_PUBLISH_TOKEN_FILE") && !unscoped.contains("SLEUTH_ADMIN_TOKEN_FILE"));
     assert!(production.contains("secretName: mesh-token"));
     assert!(!production.contains("kind: Secret"), "an existing secret must not be replaced");
-    assert!(defaults.contains("kind: Secret"), "the chart creates the token secret when none is given");
+    assert!(
+        defaults.contains("secretName: ci-release-auth"),
+        "the hook's Secret (chart_install.rs) when none is given"
+    );
     Ok(())
 }
 
@@ -320,12 +262,12 @@ fn upstreams_are_discovered_through_endpointslices_with_a_read_only_role() -> Re
     ] {
         let doc = workload(binary)?;
         assert_eq!(env(doc, name), Some(format!("value: \"{value}\"")), "{binary}");
-        assert!(doc.contains("serviceAccountName: ci-release-discovery\n"), "{binary} runs as the discovery account");
+        assert!(doc.contains("automountServiceAccountToken: true\n"), "{binary} holds the account's API token");
     }
     for binary in ["agent", "tool-gateway", "policy-server"] {
-        assert!(!workload(binary)?.contains("serviceAccountName"), "{binary} needs no API access");
+        assert!(workload(binary)?.contains("automountServiceAccountToken: false\n"), "{binary} needs no API access");
     }
-    let role = docs.iter().find(|d| d.contains("\nkind: Role\n")).context("the discovery Role")?;
+    let role = document(&docs, "Role", "ci-release-discovery")?;
     assert_eq!(role.matches("apiGroups:").count(), 1, "one rule:\n{role}");
     for line in [
         r#"- apiGroups: ["discovery.k8s.io"]"#,
@@ -334,8 +276,9 @@ fn upstreams_are_discovered_through_endpointslices_with_a_read_only_role() -> Re
     ] {
         assert!(role.lines().any(|l| l.trim() == line), "{line} missing from\n{role}");
     }
-    let binding = docs.iter().find(|d| d.contains("\nkind: RoleBinding\n")).context("the RoleBinding")?;
-    assert!(binding.contains("name: ci-release-discovery\n") && binding.contains("kind: ServiceAccount"));
+    let binding = document(&docs, "RoleBinding", "ci-release-discovery")?;
+    assert!(binding.contains("kind: ServiceAccount"));
+    assert!(binding.contains("    name: ci-release\n"), "bound to the release's account:\n{binding}");
 
     let fixed = helm_template(&["discovery.kubernetes=false"])?;
     validate(&fixed)?;
@@ -345,32 +288,9 @@ fn upstreams_are_discovered_through_endpointslices_with_a_read_only_role() -> Re
         .find(|d| d.contains("command: [\"/usr/local/bin/rollout-orchestrator\"]"))
         .context("the orchestrator")?;
     assert_eq!(env(orchestrator, "SLEUTH_AGENT_WORKERS").as_deref(), Some("value: \"ci-release-agent:50052\""));
-    assert!(!fixed.contains("kind: Role") && !fixed.contains("serviceAccountName"));
+    assert!(!fixed.contains("ci-release-discovery"), "no discovery Role without discovery");
+    assert!(!fixed.contains("automountServiceAccountToken: true"), "no pod holds an API token without discovery");
     Ok(())
-}
-
-/// The documents of a rendered chart.
-fn documents(manifests: &str) -> Vec<&str> {
-    manifests.split("\n---").collect()
-}
-
-/// The document of `kind` named `name`.
-fn document<'a>(docs: &[&'a str], kind: &str, name: &str) -> Result<&'a str> {
-    docs.iter()
-        .find(|d| d.contains(&format!("\nkind: {kind}\n")) && d.contains(&format!("\n  name: {name}\n")))
-        .copied()
-        .with_context(|| format!("no {kind} {name}"))
-}
-
-/// The line after `- name: NAME` in `doc` (its `value:` or `valueFrom:`).
-fn env_line(doc: &str, name: &str) -> Option<String> {
-    let at = doc.find(&format!("- name: {name}\n"))?;
-    doc[at..].lines().nth(1).map(|l| l.trim().to_owned())
-}
-
-/// Whether `doc` has `line`, indentation and a list item's `- ` aside.
-fn has_line(doc: &str, line: &str) -> bool {
-    doc.lines().any(|l| l.trim().trim_start_matches("- ") == line)
 }
 
 /// The init container's command of a workload, as arguments.

@@ -2,6 +2,7 @@
 //! user would, on ephemeral loopback ports, and stop them with signals.
 
 pub mod fixture;
+pub mod helm;
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;

@@ -10,6 +10,10 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 
+{{- define "sleuth.serviceAccount" -}}
+{{- .Values.serviceAccount.name | default (include "sleuth.fullname" .) -}}
+{{- end -}}
+
 {{- define "sleuth.authSecret" -}}
 {{- if .Values.auth.existingSecret -}}{{ .Values.auth.existingSecret }}{{- else -}}{{ include "sleuth.fullname" . }}-auth{{- end -}}
 {{- end -}}
