@@ -141,3 +141,77 @@ fn every_install_scenario_renders_valid_manifests() -> Result<()> {
     assert_eq!(env_line(gateway, "SLEUTH_REDIS_CA_FILE").as_deref(), Some("value: /etc/sleuth/redis-ca/ca.crt"));
     Ok(())
 }
+
+/// Stopping a pod loses no work it could finish: every pod keeps serving
+/// while endpoints forget it (preStop), then drains; an agent gets time for
+/// the episodes it runs, the learner for its step and a final checkpoint;
+/// the kubelet's grace covers both. A multi-rank learner is updated as one
+/// job (OnDelete), never one rank at a time.
+#[test]
+fn pods_stop_after_finishing_their_work_and_learner_ranks_update_together() -> Result<()> {
+    let manifests = helm_template(&[
+        "components.learner.replicas=2",
+        "components.learner.checkpointUri=s3://checkpoints/runs",
+        "database.existingSecret=postgres-url",
+    ])?;
+    validate(&manifests)?;
+    let docs = documents(&manifests);
+    let grace = |doc: &str| -> Option<u64> {
+        doc.lines().find_map(|l| l.trim().strip_prefix("terminationGracePeriodSeconds: ")).and_then(|v| v.parse().ok())
+    };
+    for (kind, binary, drain, at_least) in [
+        ("Deployment", "agent", "300s", 300),
+        ("StatefulSet", "learner", "10s", 900),
+        ("Deployment", "tool-gateway", "10s", 15),
+        ("Deployment", "policy-server", "10s", 15),
+    ] {
+        let doc = document(&docs, kind, &format!("ci-release-{binary}"))?;
+        assert_eq!(env_line(doc, "SLEUTH_DRAIN_TIMEOUT"), Some(format!("value: \"{drain}\"")), "{binary}");
+        let seconds = grace(doc).with_context(|| format!("{binary} has no grace period"))?;
+        assert!(seconds >= at_least, "{binary}: {seconds} s of grace");
+        assert!(has_line(doc, "command: [\"/bin/sleep\", \"5\"]"), "{binary} has no preStop pause");
+    }
+    let learner = document(&docs, "StatefulSet", "ci-release-learner")?;
+    assert!(learner.contains("updateStrategy:\n    type: OnDelete"), "{learner}");
+    Ok(())
+}
+
+/// What charts of this kind ship, off by default: NetworkPolicies (the
+/// learner's rendezvous open to learner pods only), an Ingress per HTTP
+/// door, a ServiceMonitor; placement per component.
+#[test]
+fn network_policies_ingress_monitoring_and_placement_render() -> Result<()> {
+    let manifests = helm_template(&[
+        "networkPolicy.enabled=true",
+        "ingress.enabled=true",
+        "ingress.dashboard.host=sleuth.example.com",
+        "ingress.openai.host=api.example.com",
+        "ingress.openai.tlsSecret=api-tls",
+        "serviceMonitor.enabled=true",
+        "components.policyServer.priorityClassName=gpu-serving",
+        "components.agent.topologySpreadConstraints[0].maxSkew=1",
+        "components.agent.topologySpreadConstraints[0].topologyKey=topology.kubernetes.io/zone",
+        "components.agent.topologySpreadConstraints[0].whenUnsatisfiable=ScheduleAnyway",
+    ])?;
+    validate(&manifests)?;
+    let docs = documents(&manifests);
+    let policy = document(&docs, "NetworkPolicy", "ci-release-learner")?;
+    let collective = policy.split("- port: collective").next().and_then(|before| before.rsplit("- from:").next());
+    assert!(
+        collective.is_some_and(|peers| peers.contains("app.kubernetes.io/component: learner")),
+        "the rendezvous is open to learner pods only:\n{policy}"
+    );
+    assert_eq!(docs.iter().filter(|d| d.contains("\nkind: NetworkPolicy\n")).count(), 6);
+    let openai = document(&docs, "Ingress", "ci-release-openai")?;
+    assert!(openai.contains("name: ci-release-inference-gateway\n") && openai.contains("secretName: api-tls"));
+    document(&docs, "Ingress", "ci-release-dashboard")?;
+    document(&docs, "ServiceMonitor", "ci-release")?;
+    assert!(has_line(document(&docs, "Deployment", "ci-release-policy-server")?, "priorityClassName: gpu-serving"));
+    assert!(document(&docs, "Deployment", "ci-release-agent")?.contains("topologyKey: topology.kubernetes.io/zone"));
+
+    let plain = helm_template(&[])?;
+    for kind in ["NetworkPolicy", "Ingress", "ServiceMonitor"] {
+        assert!(!plain.contains(&format!("\nkind: {kind}\n")), "{kind} is on by default");
+    }
+    Ok(())
+}

@@ -236,11 +236,7 @@ impl TcpCollective {
             ref secret,
         } = *rendezvous;
         let failed = |message: String| CollectiveError::Rendezvous(message);
-        let address = (master_addr.as_str(), master_port)
-            .to_socket_addrs()
-            .map_err(|e| failed(format!("MASTER_ADDR {master_addr:?}: {e}")))?
-            .next()
-            .ok_or_else(|| failed(format!("MASTER_ADDR {master_addr:?} has no address")))?;
+        let address = resolve_master(master_addr, master_port, rank, Instant::now() + timeout)?;
         if secret.is_empty() {
             tracing::warn!("no mesh secret (SLEUTH_AUTH_TOKEN): learner ranks do not authenticate each other");
         }
@@ -319,6 +315,38 @@ impl TcpCollective {
             let link = settle(link, peer_timeout).map_err(|e| failed(e.to_string()))?;
             Ok(Self { rank, world: world_size, links: vec![link], max_frame: DEFAULT_MAX_FRAME })
         }
+    }
+}
+
+/// Rank 0's address. On Kubernetes, MASTER_ADDR names rank 0's pod, which
+/// has no DNS record until the pod is scheduled and has an IP: the other
+/// ranks (and rank 0 itself) may start first. So the name is looked up again
+/// until `deadline`, and the error names who waited for what.
+pub fn resolve_master(
+    master_addr: &str,
+    master_port: u16,
+    rank: usize,
+    deadline: Instant,
+) -> Result<std::net::SocketAddr, CollectiveError> {
+    let mut reported = Instant::now();
+    loop {
+        let why = match (master_addr, master_port).to_socket_addrs() {
+            Ok(mut addresses) => match addresses.next() {
+                Some(address) => return Ok(address),
+                None => "it has no address".to_owned(),
+            },
+            Err(e) => e.to_string(),
+        };
+        if Instant::now() >= deadline {
+            return Err(CollectiveError::Rendezvous(format!(
+                "rank {rank}: MASTER_ADDR {master_addr:?} (rank 0) did not resolve before the rendezvous timeout: {why}"
+            )));
+        }
+        if reported.elapsed() >= Duration::from_secs(10) {
+            tracing::warn!(rank, master_addr, %why, "rank 0's name does not resolve yet (is its pod scheduled?)");
+            reported = Instant::now();
+        }
+        std::thread::sleep(Duration::from_millis(200));
     }
 }
 
@@ -406,6 +434,28 @@ mod tests {
         let rendezvous = Rendezvous { timeout: Duration::from_millis(300), ..Rendezvous::new("127.0.0.1", port, 3, 0) };
         let error = TcpCollective::connect(&rendezvous).err().unwrap().to_string();
         assert!(error.contains("ranks [1, 2] did not join"), "{error}");
+    }
+
+    /// A rank whose MASTER_ADDR does not resolve (rank 0's pod not yet
+    /// scheduled) keeps looking it up until the rendezvous timeout, then
+    /// names itself and the name; a name that resolves is taken at once.
+    #[test]
+    fn an_unresolvable_master_is_retried_until_the_timeout_and_named() {
+        let started = Instant::now();
+        let rendezvous = Rendezvous {
+            timeout: Duration::from_millis(700),
+            ..Rendezvous::new("learner-0.learner-ranks.sleuth.svc.invalid", 29500, 2, 1)
+        };
+        let error = TcpCollective::connect(&rendezvous).err().unwrap().to_string();
+        assert!(started.elapsed() >= Duration::from_millis(700), "gave up after {:?}", started.elapsed());
+        assert!(
+            error.contains("rank 1")
+                && error.contains("learner-0.learner-ranks.sleuth.svc.invalid")
+                && error.contains("did not resolve"),
+            "{error}"
+        );
+        let address = resolve_master("localhost", 29500, 1, Instant::now()).unwrap();
+        assert!(address.ip().is_loopback());
     }
 
     /// Connections that announce a huge frame, send a hello without the

@@ -50,7 +50,8 @@ async fn a_learner_waiting_for_its_run_answers_not_serving_and_says_why() -> Res
     };
     for service in ["", "sleuth.learner.v1.Learner"] {
         // A bound socket nobody serves accepts the connection and never answers.
-        let check = HealthClient::new(channel.clone()).check(HealthCheckRequest { service: service.into() });
+        let mut client = HealthClient::new(channel.clone());
+        let check = client.check(HealthCheckRequest { service: service.into() });
         let health = tokio::time::timeout(Duration::from_secs(10), check)
             .await
             .map_err(|_| anyhow::anyhow!("no health answer within 10 s while the learner waits for its run"))??
