@@ -235,11 +235,12 @@ fn the_l40s_values_schedule_policy_servers_and_learner_ranks_on_gpus() -> Result
     Ok(())
 }
 
-/// By default the orchestrator, the inference gateway and the learner follow
-/// the ready pods of the agents and policy servers through their
-/// EndpointSlices, as a ServiceAccount whose Role can only read
+/// By default the orchestrator, the agents, the inference gateway and the
+/// learner follow the ready pods of the agents, the gateways and the policy
+/// servers through their EndpointSlices, holding the API token of the
+/// release's ServiceAccount, whose discovery Role can only read
 /// endpointslices; with discovery off, each gets one Service address and no
-/// account is made.
+/// pod holds an API token.
 #[test]
 fn upstreams_are_discovered_through_endpointslices_with_a_read_only_role() -> Result<()> {
     let manifests = helm_template(&[])?;
@@ -259,12 +260,14 @@ fn upstreams_are_discovered_through_endpointslices_with_a_read_only_role() -> Re
         ("rollout-orchestrator", "SLEUTH_AGENT_WORKERS", "kube://ci-release-agent:grpc"),
         ("inference-gateway", "SLEUTH_POLICY_SERVERS", "kube://ci-release-policy-server:grpc"),
         ("learner", "SLEUTH_POLICY_SERVERS", "kube://ci-release-policy-server:grpc"),
+        ("agent", "SLEUTH_TOOL_GATEWAY", "kube://ci-release-tool-gateway:grpc"),
+        ("agent", "SLEUTH_INFERENCE_GATEWAY", "kube://ci-release-inference-gateway:grpc"),
     ] {
         let doc = workload(binary)?;
         assert_eq!(env(doc, name), Some(format!("value: \"{value}\"")), "{binary}");
         assert!(doc.contains("automountServiceAccountToken: true\n"), "{binary} holds the account's API token");
     }
-    for binary in ["agent", "tool-gateway", "policy-server"] {
+    for binary in ["tool-gateway", "policy-server"] {
         assert!(workload(binary)?.contains("automountServiceAccountToken: false\n"), "{binary} needs no API access");
     }
     let role = document(&docs, "Role", "ci-release-discovery")?;

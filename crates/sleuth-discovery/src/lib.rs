@@ -16,7 +16,8 @@
 //! removed, and consumers drain it: no new work, in-flight work finishes.
 //!
 //! Consumers that keep one thing per address (a client, a worker's load)
-//! hold them in [`Members`].
+//! hold them in [`Members`]; callers of a stateless upstream use one
+//! [`balanced_channel`] over all of them.
 //!
 //! The Kubernetes client is configured as kubectl's is (`KUBECONFIG`, then
 //! the pod's service account); it needs get/list/watch on endpointslices.
@@ -31,6 +32,9 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use tower::discover::Change;
+
+mod balance;
+pub use balance::balanced_channel;
 
 /// The stream consumers read: tower's `Discover` over addresses.
 pub type Changes = Pin<Box<dyn Stream<Item = Result<Change<String, String>, Infallible>> + Send>>;
@@ -47,6 +51,8 @@ pub enum DiscoveryError {
         #[source]
         source: kube::Error,
     },
+    #[error(transparent)]
+    Kit(#[from] sleuth_kit::KitError),
 }
 
 impl sleuth_kit::ServiceError for DiscoveryError {
@@ -54,6 +60,7 @@ impl sleuth_kit::ServiceError for DiscoveryError {
         match self {
             DiscoveryError::Entry { .. } => sleuth_kit::ErrorKind::InvalidArgument,
             DiscoveryError::Client { .. } => sleuth_kit::ErrorKind::Unavailable,
+            DiscoveryError::Kit(error) => error.kind(),
         }
     }
 }

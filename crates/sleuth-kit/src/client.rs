@@ -73,9 +73,19 @@ pub fn upstream_probe(
     service: &'static str,
     token: Option<&BearerToken>,
 ) -> Result<std::sync::Arc<dyn crate::Probe>, KitError> {
-    let channel = connect_lazy(address, token)?;
+    Ok(upstream_probe_on(label, address, connect_lazy(address, token)?, service))
+}
+
+/// [`upstream_probe`] over a channel the caller made (a balanced one, say):
+/// healthy when whichever replica answers reports `service` SERVING.
+pub fn upstream_probe_on(
+    label: &str,
+    address: &str,
+    channel: MeshChannel,
+    service: &'static str,
+) -> std::sync::Arc<dyn crate::Probe> {
     let address = address.to_owned();
-    Ok(crate::health::probe_fn(label, move || {
+    crate::health::probe_fn(label, move || {
         let mut client = tonic_health::pb::health_client::HealthClient::new(channel.clone());
         let address = address.clone();
         Box::pin(async move {
@@ -91,5 +101,5 @@ pub fn upstream_probe(
                 Err(status) => Err(format!("{address}: {}", status.message())),
             }
         })
-    }))
+    })
 }

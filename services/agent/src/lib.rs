@@ -32,11 +32,13 @@ pub struct Config {
     #[arg(long, env = "SLEUTH_LISTEN", default_value = "0.0.0.0:50052")]
     pub listen: SocketAddr,
 
-    /// Inference gateway the agent's model calls go to (host:port).
+    /// Inference gateway the agent's model calls go to: host:port, or
+    /// kube://SERVICE[.NAMESPACE]:PORT to spread calls over its ready pods.
     #[arg(long, env = "SLEUTH_INFERENCE_GATEWAY", default_value = "127.0.0.1:50054")]
     pub inference_gateway: String,
 
-    /// Tool gateway the agent's tool calls go to (host:port).
+    /// Tool gateway the agent's tool calls go to: host:port, or
+    /// kube://SERVICE[.NAMESPACE]:PORT to spread calls over its ready pods.
     #[arg(long, env = "SLEUTH_TOOL_GATEWAY", default_value = "127.0.0.1:50053")]
     pub tool_gateway: String,
 
@@ -73,12 +75,15 @@ pub struct Config {
 pub enum Error {
     #[error(transparent)]
     Kit(#[from] KitError),
+    #[error(transparent)]
+    Discovery(#[from] sleuth_discovery::DiscoveryError),
 }
 
 impl ServiceError for Error {
     fn kind(&self) -> ErrorKind {
         match self {
             Error::Kit(error) => error.kind(),
+            Error::Discovery(error) => error.kind(),
         }
     }
 }
@@ -137,29 +142,30 @@ pub async fn run(
 ) -> Result<(), Error> {
     config.serve.request_timeout = config.serve.request_timeout.max(config.episode_timeout);
     let token = config.serve.bearer_token()?;
+    // Both gateways are stateless per call: each call may go to any replica.
+    let model =
+        sleuth_discovery::balanced_channel("inference_gateway", &config.inference_gateway, token.as_ref()).await?;
+    let tools = sleuth_discovery::balanced_channel("tool_gateway", &config.tool_gateway, token.as_ref()).await?;
     let clients = episode::Clients {
-        model: InferenceGatewayClient::new(sleuth_kit::client::connect_lazy(
-            &config.inference_gateway,
-            token.as_ref(),
-        )?),
-        tools: ToolGatewayClient::new(sleuth_kit::client::connect_lazy(&config.tool_gateway, token.as_ref())?),
+        model: InferenceGatewayClient::new(model.clone()),
+        tools: ToolGatewayClient::new(tools.clone()),
         tool_timeout: config.tool_timeout,
         model_timeout: config.model_timeout,
     };
     let handlers = Handlers { clients, slots: Arc::new(Semaphore::new(config.max_episodes as usize)) };
-    let mut service = GrpcService::new(AgentServer::new(handlers));
-    service = service.with_probe(sleuth_kit::client::upstream_probe(
-        "inference-gateway",
-        &config.inference_gateway,
-        sleuth_proto::inference::v1::inference_gateway_server::SERVICE_NAME,
-        token.as_ref(),
-    )?);
-    service = service.with_probe(sleuth_kit::client::upstream_probe(
-        "tool-gateway",
-        &config.tool_gateway,
-        sleuth_proto::tools::v1::tool_gateway_server::SERVICE_NAME,
-        token.as_ref(),
-    )?);
+    let service = GrpcService::new(AgentServer::new(handlers))
+        .with_probe(sleuth_kit::client::upstream_probe_on(
+            "inference-gateway",
+            &config.inference_gateway,
+            model,
+            sleuth_proto::inference::v1::inference_gateway_server::SERVICE_NAME,
+        ))
+        .with_probe(sleuth_kit::client::upstream_probe_on(
+            "tool-gateway",
+            &config.tool_gateway,
+            tools,
+            sleuth_proto::tools::v1::tool_gateway_server::SERVICE_NAME,
+        ));
     sleuth_kit::serve(service, &config.serve, listener, shutdown).await?;
     Ok(())
 }
