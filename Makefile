@@ -6,6 +6,7 @@
 #   make test   build and run every test (real Redis, PostgreSQL, S3, libtorch)
 #   make lint   rustfmt check + clippy with warnings as errors
 #   make stress the fault, restart and resume tests 20 times, idle and loaded
+#   make image  build the container images (Docker, or buildah without a daemon)
 #
 # The venv (libtorch) and the cargo build cache live outside the checkout,
 # under $(SLEUTH_CACHE), so fresh clones build incrementally.
@@ -26,7 +27,7 @@ export PATH := $(VENV)/bin:$(SLEUTH_CACHE)/bin:$(PATH)
 TORCH_LIB = $(shell ls -d $(VENV)/lib/python3*/site-packages/torch/lib 2>/dev/null | head -n 1)
 export RUSTFLAGS = -C link-arg=-Wl,-rpath,$(TORCH_LIB)
 
-.PHONY: setup build test-fixtures test stress lint demo train tour bench gpu-check proto env clean-cache
+.PHONY: setup build test-fixtures test stress lint demo train tour bench gpu-check proto env clean-cache image
 
 setup:
 	@deploy/local/setup.sh
@@ -52,6 +53,12 @@ test: test-fixtures
 # prints how many runs of each passed. Hours, so not part of `make test`.
 stress: test-fixtures
 	OMP_WAIT_POLICY=passive deploy/local/stress.sh
+
+# Both images from docker/Dockerfile (deploy/image/build.sh says how to
+# choose the torch wheel; offline-bases.sh makes the base images where no
+# registry can be reached).
+image:
+	@deploy/image/build.sh
 
 lint: setup
 	cargo fmt --all --check
