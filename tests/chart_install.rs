@@ -215,3 +215,21 @@ fn network_policies_ingress_monitoring_and_placement_render() -> Result<()> {
     }
     Ok(())
 }
+
+/// The chart's README lists every value with the comments values.yaml gives
+/// it; it is generated (deploy/chart/readme.py), and must be regenerated
+/// when the values change.
+#[test]
+fn the_chart_readme_is_generated_from_the_current_values() -> Result<()> {
+    let output = Command::new("python3")
+        .arg(sleuth_testkit::checkout_file("deploy/chart/readme.py"))
+        .arg("--check")
+        .output()
+        .context("running deploy/chart/readme.py (python3)")?;
+    ensure!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let readme = std::fs::read_to_string(chart_dir().join("README.md"))?;
+    for value in ["`serviceAccount.annotations`", "`clusterDomain`", "`components.learner.terminationGracePeriodSeconds`"] {
+        assert!(readme.contains(value), "{value} missing from the chart README");
+    }
+    Ok(())
+}

@@ -11,6 +11,12 @@
 # A machine that can pull them needs none of this. Needs root (debootstrap),
 # buildah and debootstrap (apt-get install buildah debootstrap).
 #
+# The site's extra certificate authorities (/usr/local/share/ca-certificates,
+# e.g. a TLS-inspecting egress proxy's) go into both stand-ins, with the
+# variables that point pip and other clients at the system's bundle, as a
+# site's own base images would carry them: the build stage's pip and cargo
+# download through that proxy.
+#
 #   DEBIAN_MIRROR  default: the first mirror apt is configured with
 set -euo pipefail
 
@@ -31,6 +37,15 @@ debootstrap --variant=minbase bookworm "$scratch/rootfs" "$mirror" >"$scratch/de
 ctr="$(buildah from scratch)"
 buildah copy --quiet "$ctr" "$scratch/rootfs" /
 buildah config --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin --cmd bash "$ctr"
+if compgen -G '/usr/local/share/ca-certificates/*.crt' >/dev/null; then
+  say "adding the site's certificate authorities: $(ls /usr/local/share/ca-certificates | tr '\n' ' ')"
+  buildah run --isolation chroot "$ctr" -- sh -c 'apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends ca-certificates >/dev/null && rm -rf /var/lib/apt/lists/*'
+  buildah copy --quiet "$ctr" /usr/local/share/ca-certificates /usr/local/share/ca-certificates
+  buildah run --isolation chroot "$ctr" -- update-ca-certificates >/dev/null
+  bundle=/etc/ssl/certs/ca-certificates.crt
+  buildah config --env PIP_CERT="$bundle" --env SSL_CERT_FILE="$bundle" --env REQUESTS_CA_BUNDLE="$bundle" \
+    --env CURL_CA_BUNDLE="$bundle" "$ctr"
+fi
 buildah commit --quiet "$ctr" docker.io/library/debian:bookworm-slim
 buildah rm "$ctr" >/dev/null
 say "committed docker.io/library/debian:bookworm-slim"
