@@ -113,7 +113,7 @@ fn umbrella_charts_older_clusters_and_other_domains() -> Result<()> {
 /// where the URL names it, GPUs (`values-l40s.yaml`, tested in chart.rs).
 #[test]
 fn every_install_scenario_renders_valid_manifests() -> Result<()> {
-    for values in ["values-irsa.yaml", "values-external-tls.yaml", "values-l40s.yaml"] {
+    for values in ["values-trial.yaml", "values-irsa.yaml", "values-external-tls.yaml", "values-l40s.yaml"] {
         validate(&helm_template_with(Some(values), &[])?).with_context(|| values.to_owned())?;
     }
 
@@ -228,8 +228,87 @@ fn the_chart_readme_is_generated_from_the_current_values() -> Result<()> {
         .context("running deploy/chart/readme.py (python3)")?;
     ensure!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     let readme = std::fs::read_to_string(chart_dir().join("README.md"))?;
-    for value in ["`serviceAccount.annotations`", "`clusterDomain`", "`components.learner.terminationGracePeriodSeconds`"] {
+    for value in
+        ["`serviceAccount.annotations`", "`clusterDomain`", "`components.learner.terminationGracePeriodSeconds`"]
+    {
         assert!(readme.contains(value), "{value} missing from the chart README");
     }
+    Ok(())
+}
+
+/// A first install without Redis or PostgreSQL: both run in the release,
+/// with passwords the install hook makes once, and the mesh's URLs name
+/// them. The rendered Redis command, run here, gives the durability Sleuth's
+/// streams need (every write synced, nothing evicted) behind the password.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trial_install_runs_redis_and_postgresql_in_the_release() -> Result<()> {
+    let trial = ["trial.redis.enabled=true", "trial.postgresql.enabled=true"];
+    let manifests = helm_template(&trial)?;
+    validate(&manifests)?;
+    ensure!(manifests == helm_template(&trial)?, "two renders of the trial differ");
+    let docs = documents(&manifests);
+    let learner = document(&docs, "StatefulSet", "ci-release-learner")?;
+    assert_eq!(
+        env_line(learner, "SLEUTH_REDIS_URL").as_deref(),
+        Some("value: \"redis://:$(REDIS_PASSWORD)@ci-release-redis:6379/0\"")
+    );
+    assert_eq!(
+        env_line(learner, "SLEUTH_DATABASE_URL").as_deref(),
+        Some("value: \"postgres://sleuth:$(POSTGRES_PASSWORD)@ci-release-postgresql:5432/sleuth\"")
+    );
+    document(&docs, "StatefulSet", "ci-release-postgresql")?;
+    document(&docs, "Service", "ci-release-postgresql")?;
+
+    // The hook makes the passwords once.
+    let api = FakeKubeApi::start().await?;
+    let job = document(&docs, "Job", "ci-release-auth-init")?;
+    let trial_job = job.split("- name: trial-passwords").nth(1).context("the hook's trial container")?;
+    run_hook_job(trial_job, &api)?;
+    let secret = api.secret("ci-release-trial").context("no trial Secret")?;
+    assert!(secret["data"]["postgresql-password"].is_string());
+    let password: k8s_openapi::ByteString = serde_json::from_value(secret["data"]["redis-password"].clone())?;
+    let password = String::from_utf8(password.0)?;
+
+    // The rendered Redis command, on a loopback port here.
+    let redis = document(&docs, "StatefulSet", "ci-release-redis")?;
+    let line =
+        redis.lines().map(str::trim).find(|l| l.starts_with("command: [\"sh\", \"-c\"")).context("redis command")?;
+    let command: Vec<String> = serde_json::from_str(line.trim_start_matches("command: "))?;
+    let data = tempfile::tempdir()?;
+    let port = sleuth_testkit::free_port()?;
+    let script = command[2]
+        .replace("exec redis-server", &format!("exec {}", find_tool("redis-server")?.display()))
+        .replace("--dir /data", &format!("--dir {}", data.path().display()));
+    let mut server = Command::new("sh")
+        .args(["-c", &format!("{script} --port {port} --bind 127.0.0.1")])
+        .env("REDIS_PASSWORD", &password)
+        .stdout(std::process::Stdio::null())
+        .spawn()?;
+    let checked = async {
+        let url = format!("redis://:{password}@127.0.0.1:{port}/0");
+        let store = sleuth_store::RedisStore::open(&url)?;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while store.ping().await.is_err() {
+            ensure!(std::time::Instant::now() < deadline, "the trial Redis did not answer");
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        let mut connection = store.connection().await?;
+        for (setting, expected) in
+            [("appendonly", "yes"), ("appendfsync", "always"), ("maxmemory-policy", "noeviction")]
+        {
+            let got: Vec<String> = redis::cmd("CONFIG").arg("GET").arg(setting).query_async(&mut connection).await?;
+            assert_eq!(got, [setting, expected], "{setting}");
+        }
+        let anonymous = sleuth_store::RedisStore::open(&format!("redis://127.0.0.1:{port}/0"))?;
+        ensure!(anonymous.ping().await.is_err(), "the trial Redis answered without its password");
+        Ok(())
+    }
+    .await;
+    let _ = server.kill();
+    let _ = server.wait();
+    checked?;
+
+    let both = helm_template(&["trial.redis.enabled=true", "redis.existingSecret=redis-url"]);
+    assert!(both.err().is_some_and(|e| e.to_string().contains("choose one")), "a trial Redis beside an external one");
     Ok(())
 }

@@ -20,14 +20,16 @@ INTRO = """# Sleuth Helm chart
 Trains LLM search agents with multi-turn reinforcement learning on your own
 search tools and documents, and serves them. The chart runs the rollout
 orchestrator, agent workers, the tool and inference gateways, policy servers
-and the learner; Redis and PostgreSQL are yours (see docs/operations.md for
-each install scenario, upgrades and what survives which restart).
+and the learner; Redis and PostgreSQL are yours, or run in the release for a
+trial (see docs/operations.md for each install scenario, upgrades and what
+survives which restart).
 
 ```sh
 helm install sleuth helm/sleuth --set redis.url=redis://redis-master:6379/0
 ```
 
-Example values files: `values-l40s.yaml` (GPU nodes), `values-irsa.yaml` (S3
+Example values files: `values-trial.yaml` (Redis and PostgreSQL in the
+release, for a first try), `values-l40s.yaml` (GPU nodes), `values-irsa.yaml` (S3
 through EKS IAM roles for service accounts), `values-external-tls.yaml`
 (managed Redis and PostgreSQL over TLS). `values.schema.json` refuses a wrong
 type or a misspelt key, naming it.

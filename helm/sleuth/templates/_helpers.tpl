@@ -64,9 +64,15 @@ persistentVolumeClaim:
 {{- if not (hasPrefix "s3://" $learner.checkpointUri) -}}
 {{- fail (printf "components.learner.replicas %d with checkpointUri %q: the ranks of one learner share their checkpoints; set checkpointUri to s3://bucket/prefix or persistence.learnerExistingClaim to a ReadWriteMany claim" (int $learner.replicas) $learner.checkpointUri) -}}
 {{- end -}}
-{{- if not $v.database.existingSecret -}}
+{{- if not (or $v.database.existingSecret $v.trial.postgresql.enabled) -}}
 {{- fail (printf "components.learner.replicas %d without database.existingSecret: ranks on several nodes cannot share a SQLite file; use PostgreSQL or persistence.learnerExistingClaim (ReadWriteMany)" (int $learner.replicas)) -}}
 {{- end -}}
+{{- end -}}
+{{- if and $v.trial.redis.enabled $v.redis.existingSecret -}}
+{{- fail "trial.redis.enabled and redis.existingSecret: the trial Redis runs in the release; choose one" -}}
+{{- end -}}
+{{- if and $v.trial.postgresql.enabled $v.database.existingSecret -}}
+{{- fail "trial.postgresql.enabled and database.existingSecret: the trial PostgreSQL runs in the release; choose one" -}}
 {{- end -}}
 {{- if gt (int $v.components.rolloutOrchestrator.replicas) 1 -}}
 {{- fail (printf "components.rolloutOrchestrator.replicas %d: the orchestrator keeps its reports (and its SQLite file) on a ReadWriteOnce volume; run one (a restarted orchestrator resumes every run)" (int $v.components.rolloutOrchestrator.replicas)) -}}
@@ -80,4 +86,14 @@ persistentVolumeClaim:
 {{- fail (printf "components.%s.autoscaling.enabled needs components.%s.resources.requests.cpu (CPU utilisation is measured against it)" $key $key) -}}
 {{- end -}}
 {{- end -}}
+{{- end -}}
+
+{{/* The Secret of the trial stores' passwords, made by the install hook. */}}
+{{- define "sleuth.trialSecret" -}}
+{{- include "sleuth.fullname" . }}-trial
+{{- end -}}
+
+{{/* Whether the install hook has a Secret to make. */}}
+{{- define "sleuth.hookNeeded" -}}
+{{- if or (and .Values.auth.enabled (not .Values.auth.existingSecret)) .Values.trial.redis.enabled .Values.trial.postgresql.enabled -}}true{{- end -}}
 {{- end -}}
