@@ -107,6 +107,59 @@ impl RedisStore {
             .map_err(|source| StoreError::Redis { url: self.url.clone(), source })
     }
 
+    /// What in Redis's configuration can lose acknowledged data: Sleuth
+    /// acknowledges a trajectory group once Redis has it, so Redis must
+    /// write every command to its append-only file before answering
+    /// (`appendonly yes`, `appendfsync always`) and never evict a key
+    /// (`maxmemory-policy noeviction`: streams and the learner's lease are
+    /// keys). Each problem names the setting, its value and what it must be;
+    /// an empty list means durable. A server that refuses `CONFIG GET`
+    /// (managed services often do) gives one problem saying so.
+    pub async fn durability_problems(&self) -> Result<Vec<String>, StoreError> {
+        let mut connection = self.connection().await?;
+        let mut problems = Vec::new();
+        for (setting, required) in
+            [("appendonly", "yes"), ("appendfsync", "always"), ("maxmemory-policy", "noeviction")]
+        {
+            let answer: Result<Vec<String>, _> =
+                redis::cmd("CONFIG").arg("GET").arg(setting).query_async(&mut connection).await;
+            match answer {
+                Ok(pair) => match pair.get(1) {
+                    Some(value) if value == required => {}
+                    Some(value) => problems.push(format!("{setting} is {value}, must be {required}")),
+                    None => problems.push(format!("{setting} is not reported, must be {required}")),
+                },
+                Err(error) => {
+                    problems.push(format!(
+                        "CONFIG GET is refused ({error}); check by hand that appendonly is yes, appendfsync always and maxmemory-policy noeviction"
+                    ));
+                    break;
+                }
+            }
+        }
+        Ok(problems)
+    }
+
+    /// Checks [`RedisStore::durability_problems`] once Redis answers, in the
+    /// background, and logs each problem as a warning naming the setting
+    /// (a service must start, and report NOT_SERVING, before Redis is up).
+    pub fn warn_unless_durable(&self) {
+        let store = self.clone();
+        tokio::spawn(async move {
+            loop {
+                match store.durability_problems().await {
+                    Ok(problems) => {
+                        for problem in problems {
+                            tracing::warn!(redis = %store.url, %problem, "Redis can lose acknowledged trajectory groups");
+                        }
+                        return;
+                    }
+                    Err(_) => tokio::time::sleep(Duration::from_secs(2)).await,
+                }
+            }
+        });
+    }
+
     /// Readiness probe: Redis answers PING.
     pub fn probe(&self) -> Arc<dyn sleuth_kit::Probe> {
         let store = self.clone();

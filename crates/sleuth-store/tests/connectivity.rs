@@ -19,6 +19,30 @@ async fn redis_round_trip_and_probe() -> Result<()> {
     Ok(())
 }
 
+/// Redis without persistence (the testkit's default), or with an eviction
+/// policy, is named setting by setting; Redis as production must run it
+/// (every command synced, nothing evicted) has no problem.
+#[tokio::test]
+async fn redis_settings_that_can_lose_groups_are_named() -> Result<()> {
+    let volatile = sleuth_testkit::redis()?;
+    let store = RedisStore::connect(&sleuth_testkit::redis_url(&volatile)).await?;
+    let mut connection = store.connection().await?;
+    redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory-policy")
+        .arg("allkeys-lru")
+        .query_async::<()>(&mut connection)
+        .await?;
+    let problems = store.durability_problems().await?;
+    assert!(problems.iter().any(|p| p == "appendonly is no, must be yes"), "{problems:?}");
+    assert!(problems.iter().any(|p| p == "maxmemory-policy is allkeys-lru, must be noeviction"), "{problems:?}");
+
+    let durable = sleuth_testkit::redis_persistent()?;
+    let store = RedisStore::connect(&sleuth_testkit::redis_url(&durable)).await?;
+    assert_eq!(store.durability_problems().await?, Vec::<String>::new());
+    Ok(())
+}
+
 #[tokio::test]
 async fn redis_unreachable_names_the_redacted_url() {
     let port = sleuth_testkit::free_port().unwrap();

@@ -95,6 +95,7 @@ pub async fn run(
 ) -> Result<(), Error> {
     let token = config.serve.bearer_token()?;
     let redis = RedisStore::from_args(&config.redis)?;
+    redis.warn_unless_durable();
     let model = config.model.clone().unwrap_or_else(sleuth_kit::config::default_model_dir);
     let renderer = conversation::Renderer::load(&model)?;
     if config.policy_servers.is_empty() {

@@ -169,6 +169,7 @@ pub async fn run(
 ) -> Result<(), Error> {
     sleuth_kit::names::check_name("run_id", &config.run_id)?;
     let redis = RedisStore::from_args(&config.redis)?;
+    redis.warn_unless_durable();
     let database = Database::open(&config.database.database_url)?;
     let device = config.model.device.resolve()?;
     let starting = Starting::new(match &config.orchestrator {

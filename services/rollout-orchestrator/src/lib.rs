@@ -311,6 +311,7 @@ pub async fn run(
 ) -> Result<(), Error> {
     let database = Database::open(&config.database.database_url)?;
     let redis = RedisStore::from_args(&config.redis)?;
+    redis.warn_unless_durable();
     let token = config.serve.bearer_token()?;
     let state = state::State::open(database.clone()).await?;
     let workers = workers::Workers::new(&config.agent_workers, token.as_ref(), config.fault_patience)?;
