@@ -401,6 +401,19 @@ async fn the_bm25_baseline_evaluation_reproduces_the_tool_gateway_figure() -> Re
     };
     let status = client.evaluate(bad).await.unwrap_err();
     assert!(status.message().contains("baseline:bm42"), "{status:?}");
+    // A request may not make the mesh run thousands of episodes per task,
+    // nor name a path for its split.
+    for (samples, split, named) in [(10_000, "test", "samples_per_task"), (1, "../../etc/passwd", "split")] {
+        let bad = rollout::EvaluateRequest {
+            policy: Some(rollout::PolicySpec { model_uri: "baseline:bm25".into(), ..Default::default() }),
+            tasks: Some(rollout::TaskSet { split: split.into(), ..tasks.clone() }),
+            samples_per_task: samples,
+            ..Default::default()
+        };
+        let status = client.evaluate(bad).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+        assert!(status.message().contains(named), "{status:?}");
+    }
 
     let request = rollout::EvaluateRequest {
         policy: Some(rollout::PolicySpec { model_uri: "baseline:bm25".into(), ..Default::default() }),

@@ -104,6 +104,10 @@ impl Evaluator {
 
     /// Validates and starts a job; returns its first state.
     pub fn start(&self, request: EvaluateRequest) -> Result<Evaluation, String> {
+        let most = crate::spec::MAX_SAMPLES_PER_TASK;
+        if request.samples_per_task > most {
+            return Err(format!("samples_per_task must be 0..={most} (0 means 1), got {}", request.samples_per_task));
+        }
         let contender = Contender::parse(&request.policy.as_ref().map(|p| p.model_uri.clone()).unwrap_or_default())?;
         let set = request.tasks.clone().ok_or("tasks is required")?;
         let tasks = crate::tasks::load(&set, "tasks")?;

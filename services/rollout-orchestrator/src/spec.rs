@@ -68,10 +68,14 @@ fn validate_model_uri(uri: &str) -> Result<(), String> {
     }
 }
 
+/// The most episodes of one task at once: a training group, or an
+/// evaluation's samples per task. Bounds what one request makes the mesh do.
+pub const MAX_SAMPLES_PER_TASK: u32 = 64;
+
 /// Checks a run spec, naming the first bad field.
 pub fn validate(spec: &pb::RunSpec) -> Result<(), String> {
-    if !(1..=64).contains(&spec.group_size) {
-        return Err(format!("spec.group_size must be 1..=64, got {}", spec.group_size));
+    if !(1..=MAX_SAMPLES_PER_TASK).contains(&spec.group_size) {
+        return Err(format!("spec.group_size must be 1..={MAX_SAMPLES_PER_TASK}, got {}", spec.group_size));
     }
     if spec.global_batch_size == 0 {
         return Err("spec.global_batch_size must be at least 1".into());

@@ -21,6 +21,8 @@ pub fn load(set: &TaskSet, field: &str) -> Result<Vec<Task>, String> {
     if set.split.trim().is_empty() {
         return Err(format!("{field}.split must name the BEIR split to use (train, dev, test, ...)"));
     }
+    // The split names a file under qrels/: a plain name, never a path.
+    sleuth_kit::names::check_name("split", &set.split).map_err(|e| format!("{field}: {e}"))?;
     let dir = BeirDir::new(&set.source_uri);
     let split = set.split.as_str();
     let qrels =
@@ -45,4 +47,20 @@ pub fn load(set: &TaskSet, field: &str) -> Result<Vec<Task>, String> {
         return Err(format!("{field}: split {split:?} of {:?} has no judged queries", set.source_uri));
     }
     Ok(tasks)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_split_is_a_plain_name_never_a_path() {
+        for split in ["../../etc/passwd", "dev/../../x", ".hidden", "a b"] {
+            let set =
+                TaskSet { source_uri: "/data/scifact".into(), collection: "c".into(), split: split.into(), limit: 0 };
+            let error = load(&set, "tasks").unwrap_err();
+            assert!(error.starts_with("tasks: invalid split"), "{split}: {error}");
+            assert!(!error.contains("No such file"), "{split} reached the disk: {error}");
+        }
+    }
 }
