@@ -118,7 +118,7 @@ pub(crate) async fn client(endpoint: &Endpoint) -> anyhow::Result<RolloutOrchest
     connected(endpoint, endpoint.auth_token.clone()).await
 }
 
-/// A client for the calls in the administration scope (creating and cancelling runs).
+/// A client for the calls in the administration scope (creating and cancelling runs, evaluations).
 async fn admin_client(endpoint: &Endpoint) -> anyhow::Result<RolloutOrchestratorClient<MeshChannel>> {
     connected(endpoint, endpoint.admin.token()?.or(endpoint.auth_token.clone())).await
 }
@@ -325,7 +325,7 @@ pub async fn eval(args: EvalArgs) -> anyhow::Result<i32> {
         agent: Some(agent),
         ..Default::default()
     };
-    let started = match client.evaluate(request).await {
+    let started = match admin_client(&args.endpoint).await?.evaluate(request).await {
         Ok(job) => job.into_inner(),
         Err(status) if status.code() == tonic::Code::InvalidArgument => {
             eprintln!("{}", status.message());

@@ -356,7 +356,12 @@ pub async fn run(
     let service = GrpcService::new(RolloutOrchestratorServer::new(Handlers { runner, evaluator }))
         .with_probe(database.probe())
         .with_probe(redis.probe())
-        .with_scope(&["CreateRun", "CancelRun"], config.admin.token()?, sleuth_kit::AdminTokenArgs::SETTING);
+        // Evaluate starts episodes and reads a collection's files on this host.
+        .with_scope(
+            &["CreateRun", "CancelRun", "Evaluate"],
+            config.admin.token()?,
+            sleuth_kit::AdminTokenArgs::SETTING,
+        );
     sleuth_kit::serve(service, &config.serve, listener, shutdown.wait()).await?;
     Ok(())
 }
