@@ -88,12 +88,33 @@ async fn the_mesh_token_guards_every_page_and_a_browser_signs_in_once() -> Resul
     assert_eq!(signed.headers()[header::LOCATION], "/runs/r1");
     let cookie = signed.headers()[header::SET_COOKIE].to_str()?.to_owned();
     assert!(cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"), "{cookie}");
+    assert!(cookie.contains("Max-Age=43200") && !cookie.contains("Secure"), "a 12 h session over HTTP: {cookie}");
     assert!(!cookie.contains("mesh-secret"), "the cookie holds a session, not the token: {cookie}");
     let session = cookie.split(';').next().unwrap_or_default();
     let (status, _, _) = get(&router, "/", &[(header::COOKIE, &format!("theme=dark; {session}"))]).await?;
     assert_eq!(status, StatusCode::OK);
     let (status, _, _) = get(&router, "/", &[(header::COOKIE, "sleuth_dashboard=forged")]).await?;
     assert_eq!(status, StatusCode::SEE_OTHER);
+
+    // Every page refuses to be framed and runs no script.
+    let (_, headers, _) = get(&router, "/", &[(header::COOKIE, session)]).await?;
+    let policy = headers[header::CONTENT_SECURITY_POLICY].to_str()?;
+    assert!(policy.contains("frame-ancestors 'none'") && policy.contains("default-src 'none'"), "{policy}");
+    assert_eq!(headers[header::X_FRAME_OPTIONS], "DENY");
+
+    // Behind a proxy that terminated TLS, the cookie is Secure.
+    let over_https = Request::post("/login")
+        .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+        .header("x-forwarded-proto", "https")
+        .body(Body::from("token=mesh-secret&next=%2F"))?;
+    let cookie = router.clone().oneshot(over_https).await?.headers()[header::SET_COOKIE].to_str()?.to_owned();
+    assert!(cookie.contains("; Secure"), "{cookie}");
+
+    // Signing out drops the cookie from the browser.
+    let signed_out = router.clone().oneshot(Request::post("/logout").body(Body::empty())?).await?;
+    assert_eq!(signed_out.headers()[header::LOCATION], "/login");
+    let dropped = signed_out.headers()[header::SET_COOKIE].to_str()?;
+    assert!(dropped.starts_with("sleuth_dashboard=;") && dropped.contains("Max-Age=0"), "{dropped}");
 
     // Never sent to another site after signing in.
     let elsewhere = Request::post("/login")

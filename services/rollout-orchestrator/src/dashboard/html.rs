@@ -69,6 +69,7 @@ figcaption{font-weight:600}
 .judged{background:#c9f0cf}
 .good{color:#137333}.bad{color:#b3261e}
 .pager a{margin-right:12px}
+header form.out{display:inline;float:right}
 ";
 
 /// A whole page: the header with the navigation, then `body`.
@@ -77,7 +78,8 @@ pub fn page(title: &str, body: &str) -> Html<String> {
     let _ = write!(
         out,
         "<!doctype html><html lang=en><head><meta charset=utf-8><title>{} · Sleuth</title><style>{STYLE}</style></head>\
-         <body><header><b>Sleuth</b><a href=\"/\">Runs</a><a href=\"/evaluations\">Evaluations</a></header><main>",
+         <body><header><b>Sleuth</b><a href=\"/\">Runs</a><a href=\"/evaluations\">Evaluations</a>\
+         <form class=out method=post action=\"/logout\"><button>Sign out</button></form></header><main>",
         escape(title)
     );
     out.push_str(body);

@@ -102,8 +102,10 @@ impl Dashboard {
             .route("/runs/{run}/episodes/{episode}", get(episode::show))
             .route("/evaluations", get(evaluations::list))
             .route("/login", get(auth::login_form).post(auth::login).with_state(auth::Gate::new(token.clone())))
+            .route("/logout", axum::routing::post(auth::logout))
             .with_state(self)
             .layer(axum::middleware::from_fn_with_state(auth::Gate::new(token), auth::require))
+            .layer(axum::middleware::from_fn(auth::security_headers))
     }
 }
 
