@@ -28,10 +28,13 @@ check_image() {
 
 # One service on a free loopback port (chroot isolation shares this
 # machine's network); health is SERVING or NOT_SERVING, answered either way.
+# Extra arguments after the flag: the service's own settings (state goes to
+# /tmp, as the image's user may write nowhere else).
 serve() {
   local ctr="$1" binary="$2" flag="$3" port
+  shift 3
   port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
-  buildah run --isolation chroot "$ctr" -- "/usr/local/bin/$binary" --listen "127.0.0.1:$port" >"/tmp/smoke-$binary.log" 2>&1 &
+  buildah run --isolation chroot "$ctr" -- "/usr/local/bin/$binary" --listen "127.0.0.1:$port" "$@" >"/tmp/smoke-$binary.log" 2>&1 &
   local pid=$!
   local answered=""
   for _ in $(seq 120); do
@@ -40,12 +43,16 @@ serve() {
   done
   kill "$pid" 2>/dev/null || true
   wait "$pid" 2>/dev/null || true
-  echo "$answered"
-  grep -q SERVING <<<"$answered" || { say "$binary from $ctr did not answer health"; cat "/tmp/smoke-$binary.log"; return 1; }
+  local line
+  line="$(grep -E "^$binary +127\.0\.0\.1:$port " <<<"$answered" || true)"
+  echo "$line"
+  grep -qE ' (SERVING|NOT_SERVING)' <<<"$line" || { say "$binary from $ctr did not answer health"; cat "/tmp/smoke-$binary.log"; return 1; }
 }
 
 full_ctr="$(check_image "$full" rollout-orchestrator agent tool-gateway inference-gateway policy-server learner sleuth | tail -n1)"
 slim_ctr="$(check_image "$slim" rollout-orchestrator agent inference-gateway sleuth | tail -n1)"
 serve "$full_ctr" tool-gateway --tool-gateway
-serve "$slim_ctr" rollout-orchestrator --orchestrator
+# Redis is not running: the orchestrator answers NOT_SERVING, naming it in its log.
+serve "$slim_ctr" rollout-orchestrator --orchestrator --http-listen 127.0.0.1:0 \
+  --database-url sqlite:///tmp/sleuth.db --report-dir /tmp/evaluations --redis-url redis://127.0.0.1:9/0
 say "both images run"
