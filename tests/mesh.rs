@@ -188,12 +188,22 @@ async fn orchestrator_is_not_serving_while_redis_is_down() -> Result<()> {
         ("SLEUTH_DATABASE_URL", format!("sqlite://{}", data.path().join("runs.db").display())),
     ];
     let mut orchestrator = ServiceProcess::start("rollout-orchestrator", &env)?;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Until its first readiness check has failed and said why (no fixed wait).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !orchestrator.log().contains("not serving until dependencies are ready") {
+        anyhow::ensure!(Instant::now() < deadline, "no readiness verdict within 20 s:\n{}", orchestrator.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     assert_eq!(health(&orchestrator).await?, ServingStatus::NotServing);
-    assert!(orchestrator.log().contains("not serving until dependencies are ready"), "{}", orchestrator.log());
 
     let redis = sleuth_testkit::redis_on_port(port).context("starting redis on the configured port")?;
     wait_until_serving(&orchestrator, Duration::from_secs(20)).await?;
+    // This Redis keeps nothing on disk: the orchestrator says which settings lose groups.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !orchestrator.log().contains("appendfsync is everysec, must be always") {
+        anyhow::ensure!(Instant::now() < deadline, "no durability warning:\n{}", orchestrator.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 
     drop(redis);
     let deadline = Instant::now() + Duration::from_secs(20);

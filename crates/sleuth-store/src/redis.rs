@@ -143,19 +143,22 @@ impl RedisStore {
     /// Checks [`RedisStore::durability_problems`] once Redis answers, in the
     /// background, and logs each problem as a warning naming the setting
     /// (a service must start, and report NOT_SERVING, before Redis is up).
+    /// It waits for the service's own first connection (its readiness probe
+    /// makes it) rather than connecting itself, so it never holds up the
+    /// probe's attempts while Redis is down.
     pub fn warn_unless_durable(&self) {
         let store = self.clone();
         tokio::spawn(async move {
-            loop {
-                match store.durability_problems().await {
-                    Ok(problems) => {
-                        for problem in problems {
-                            tracing::warn!(redis = %store.url, %problem, "Redis can lose acknowledged trajectory groups");
-                        }
-                        return;
+            while !store.connection.initialized() {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            match store.durability_problems().await {
+                Ok(problems) => {
+                    for problem in problems {
+                        tracing::warn!(redis = %store.url, %problem, "Redis can lose acknowledged trajectory groups");
                     }
-                    Err(_) => tokio::time::sleep(Duration::from_secs(2)).await,
                 }
+                Err(error) => tracing::warn!(redis = %store.url, %error, "could not read Redis's persistence settings"),
             }
         });
     }
