@@ -10,8 +10,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use sleuth_kit::BearerToken;
-use sleuth_kit::client::{MeshChannel, connect_lazy, endpoint};
-use tonic::service::interceptor::InterceptedService;
+use sleuth_kit::client::{MeshChannel, connect_lazy, endpoint, with_token};
 use tonic::transport::Channel;
 use tonic::transport::channel::Change as Balanced;
 use tower::discover::Change;
@@ -52,5 +51,5 @@ pub async fn balanced_channel(
             }
         }
     });
-    Ok(InterceptedService::new(channel, sleuth_kit::auth::BearerInterceptor::new(token)))
+    Ok(with_token(channel, token))
 }

@@ -31,11 +31,15 @@ pub fn endpoint(endpoint: &str, connect_timeout: Duration) -> Result<Endpoint, K
         .map_err(|error| KitError::Config { field: "endpoint", message: format!("{endpoint:?}: {error}") })
 }
 
+/// `channel` sending the mesh's bearer token on every call.
+pub fn with_token(channel: Channel, token: Option<&BearerToken>) -> MeshChannel {
+    InterceptedService::new(channel, BearerInterceptor::new(token))
+}
+
 /// A channel that connects on first use and reconnects after failures, so a
 /// service can start before the services it calls.
 pub fn connect_lazy(address: &str, token: Option<&BearerToken>) -> Result<MeshChannel, KitError> {
-    let channel = endpoint(address, Duration::from_secs(5))?.connect_lazy();
-    Ok(InterceptedService::new(channel, BearerInterceptor::new(token)))
+    Ok(with_token(endpoint(address, Duration::from_secs(5))?.connect_lazy(), token))
 }
 
 /// Connects now, failing with `KitError::Connect` if the service cannot be reached.
@@ -44,7 +48,7 @@ pub async fn connect(address: &str, token: Option<&BearerToken>, timeout: Durati
         .connect()
         .await
         .map_err(|source| KitError::Connect { endpoint: address.to_owned(), source })?;
-    Ok(InterceptedService::new(channel, BearerInterceptor::new(token)))
+    Ok(with_token(channel, token))
 }
 
 /// Runs an outbound call with a deadline. The request carries it as

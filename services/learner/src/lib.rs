@@ -189,16 +189,10 @@ pub async fn run(
         })
         .await
     });
-    let trained = start_and_train(config, Stores { redis, database }, device, &starting, shutdown).await;
+    let trained = start_and_train(config, redis, database, device, &starting, shutdown).await;
     let _ = served_tx.send(());
     server.await.map_err(|e| Error::Train(e.to_string()))??;
     trained
-}
-
-/// The stores the learner opened before it served.
-struct Stores {
-    redis: RedisStore,
-    database: Database,
 }
 
 /// Everything between serving and the end of training, each step told to
@@ -206,7 +200,8 @@ struct Stores {
 /// its run.
 async fn start_and_train(
     mut config: Config,
-    Stores { redis, database }: Stores,
+    redis: RedisStore,
+    database: Database,
     device: tch::Device,
     starting: &Starting,
     shutdown: impl Future<Output = ()> + Send + 'static,
