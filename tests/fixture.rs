@@ -103,7 +103,7 @@ pub async fn agent_tools(tools: &ServiceProcess) -> Result<Vec<serde_json::Value
     let mut client = ToolGatewayClient::new(connect(&tools.addr, None, Duration::from_secs(5)).await?);
     let listed = client.list_tools(ListToolsRequest { collection: "weather".into() }).await?.into_inner();
     let mut specs = listed.tools;
-    specs.push(agent::prompt::submit_tool());
+    specs.push(agent::prompt::answer_tool(agent::prompt::SUBMIT_TOOL));
     specs
         .iter()
         .map(|t| {
@@ -166,6 +166,7 @@ pub fn request(episode: &str, budget: AgentBudget) -> RunEpisodeRequest {
             question: "why does it rain".into(),
             collection: "weather".into(),
             qrels: [("rain".to_owned(), 2), ("fog".to_owned(), 1)].into(),
+            answers: Vec::new(),
         }),
         config: Some(AgentConfig {
             budget: Some(budget),

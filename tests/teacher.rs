@@ -35,6 +35,7 @@ fn synth(dir: &std::path::Path) -> Result<(std::path::PathBuf, Vec<Task>)> {
             task_id: q.id,
             question: q.text,
             collection: "synth".into(),
+            answers: q.answers,
         })
         .collect();
     Ok((index, tasks))
@@ -89,7 +90,7 @@ async fn the_mixtures_best_episode_follows_the_founder_and_is_traced_as_the_poli
     let scratch = tempfile::tempdir()?;
     let (index, tasks) = synth(scratch.path())?;
     let mesh = Mesh::with_collection(&sleuth_testkit::smollm2()?, "synth", &index, 1)?;
-    let reward = NdcgReward::with_penalties(&BTreeMap::new()).map_err(anyhow::Error::msg)?;
+    let reward = NdcgReward::default();
 
     let river = tasks.iter().find(|t| t.task_id.ends_with("founder_river")).context("a 3-hop question")?;
     let answer = river.qrels.iter().find(|(_, g)| **g == 2).map(|(d, _)| d.clone()).context("answer")?;

@@ -4,8 +4,14 @@
 //! ```text
 //! <dir>/corpus.jsonl      {"_id": "...", "title": "...", "text": "..."}   one document a line
 //! <dir>/queries.jsonl     {"_id": "...", "text": "..."}                   one query a line
+//!                         optional "metadata": {"answers": ["..."]}        reference answers
 //! <dir>/qrels/<split>.tsv query-id <TAB> corpus-id <TAB> score            optional header line
 //! ```
+//!
+//! A query's reference answers, for tasks answered in words, are
+//! `metadata.answers` (a list of strings) or `metadata.answer` (one string,
+//! as BEIR's HotpotQA writes it); any other form is an error naming the
+//! query.
 //!
 //! The corpus is streamed (collections can be far larger than memory);
 //! queries and qrels are small and read whole. A malformed line is an error
@@ -65,6 +71,8 @@ pub struct Document {
 pub struct Query {
     pub id: String,
     pub text: String,
+    /// Reference answers (`metadata.answers`); empty when it has none.
+    pub answers: Vec<String>,
 }
 
 /// Relevance judgements: query id -> document id -> graded relevance.
@@ -267,6 +275,8 @@ struct RawQuery {
     #[serde(rename = "_id")]
     id: Id,
     text: String,
+    #[serde(default)]
+    metadata: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 fn parse_document(line: &str) -> Result<Document, String> {
@@ -284,7 +294,31 @@ fn parse_query(line: &str) -> Result<Query, String> {
     if id.is_empty() {
         return Err("query _id is empty".to_owned());
     }
-    Ok(Query { id, text: raw.text })
+    let answers = raw.metadata.as_ref().map(answers).transpose().map_err(|e| format!("query {id:?}: {e}"))?;
+    Ok(Query { id, text: raw.text, answers: answers.unwrap_or_default() })
+}
+
+/// The reference answers in a query's metadata: `answers` (strings) or
+/// `answer` (a string); neither is none.
+fn answers(metadata: &serde_json::Map<String, serde_json::Value>) -> Result<Vec<String>, String> {
+    let answers = match (metadata.get("answers"), metadata.get("answer")) {
+        (Some(_), Some(_)) => return Err("metadata has both \"answers\" and \"answer\"; give one".to_owned()),
+        (Some(serde_json::Value::Array(list)), None) => list
+            .iter()
+            .map(|answer| answer.as_str().map(str::to_owned))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| {
+                format!("metadata.answers must be a list of strings, got {}", serde_json::Value::Array(list.clone()))
+            })?,
+        (Some(other), None) => return Err(format!("metadata.answers must be a list of strings, got {other}")),
+        (None, Some(serde_json::Value::String(answer))) => vec![answer.clone()],
+        (None, Some(other)) => return Err(format!("metadata.answer must be a string, got {other}")),
+        (None, None) => Vec::new(),
+    };
+    if answers.iter().any(|answer| answer.trim().is_empty()) {
+        return Err("metadata.answers must not hold an empty answer".to_owned());
+    }
+    Ok(answers)
 }
 
 #[cfg(test)]
@@ -336,6 +370,31 @@ mod tests {
         assert_eq!(beir.splits(), ["test"]);
         let error = beir.qrels("dev").unwrap_err().to_string();
         assert!(error.contains("\"dev\"") && error.contains("available: test"), "{error}");
+    }
+
+    #[test]
+    fn reference_answers_are_read_and_a_malformed_one_names_its_query() {
+        let (dir, beir) = collection(CORPUS);
+        let queries = [
+            r#"{"_id": "q1", "text": "t", "metadata": {"answers": ["Toubal", "the Toubal"], "type": "river"}}"#,
+            r#"{"_id": "q2", "text": "t", "metadata": {"answer": "yes"}}"#,
+            r#"{"_id": "q3", "text": "t", "metadata": {"type": "river"}}"#,
+        ];
+        std::fs::write(dir.path().join("queries.jsonl"), queries.join("\n")).unwrap();
+        let read: Vec<Vec<String>> = beir.queries(BadLines::Fail).unwrap().into_iter().map(|q| q.answers).collect();
+        assert_eq!(read, [vec!["Toubal".to_owned(), "the Toubal".to_owned()], vec!["yes".to_owned()], vec![]]);
+        for bad in [r#"{"answers": "Toubal"}"#, r#"{"answers": [1]}"#, r#"{"answer": ["x"]}"#, r#"{"answers": [" "]}"#]
+        {
+            let line = format!(r#"{{"_id": "q7", "text": "t", "metadata": {bad}}}"#);
+            std::fs::write(dir.path().join("queries.jsonl"), line).unwrap();
+            let error = beir.queries(BadLines::Fail).unwrap_err().to_string();
+            assert!(
+                error.contains("queries.jsonl:1")
+                    && error.contains("query \"q7\"")
+                    && error.contains("metadata.answer"),
+                "{bad}: {error}"
+            );
+        }
     }
 
     #[test]

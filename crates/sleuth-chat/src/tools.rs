@@ -10,8 +10,13 @@ pub const BM25_SEARCH: &str = "bm25_search";
 pub const VECTOR_SEARCH: &str = "vector_search";
 pub const HYBRID_SEARCH: &str = "hybrid_search";
 pub const READ_DOCUMENT: &str = "read_document";
-/// The tool the agent answers with.
+/// The tool the agent answers with a ranking of documents.
 pub const SUBMIT_RANKING: &str = "submit_ranking";
+/// The tool the agent answers with in words, citing documents.
+pub const SUBMIT_ANSWER: &str = "submit_answer";
+
+/// The tools that end an episode with its answer.
+pub const ANSWER_TOOLS: [&str; 2] = [SUBMIT_RANKING, SUBMIT_ANSWER];
 
 /// The search tools, in the order a collection lists them.
 pub const SEARCH_TOOLS: [&str; 3] = [BM25_SEARCH, VECTOR_SEARCH, HYBRID_SEARCH];
@@ -75,6 +80,20 @@ impl ToolSchema {
                     "required": ["doc_ids"]
                 }),
             ),
+            SUBMIT_ANSWER => (
+                SUBMIT_ANSWER,
+                "Submit your final answer in words, as short as possible, and the ids of the documents \
+                 that support it. This ends the search.",
+                json!({
+                    "type": "object",
+                    "properties": {
+                        "answer": {"type": "string", "description": "the answer, a few words"},
+                        "citations": {"type": "array", "items": {"type": "string"}, "description": "ids of the documents the answer rests on"}
+                    },
+                    "required": ["answer", "citations"],
+                    "additionalProperties": false
+                }),
+            ),
             _ => return None,
         };
         Some(Self { name, description, parameters })
@@ -104,7 +123,7 @@ mod tests {
 
     #[test]
     fn every_tool_has_a_schema_and_others_none() {
-        for name in SEARCH_TOOLS.into_iter().chain([READ_DOCUMENT, SUBMIT_RANKING]) {
+        for name in SEARCH_TOOLS.into_iter().chain([READ_DOCUMENT]).chain(ANSWER_TOOLS) {
             let schema = ToolSchema::named(name).unwrap();
             assert_eq!(schema.function()["function"]["name"], name);
             assert_eq!(schema.parameters["type"], "object");

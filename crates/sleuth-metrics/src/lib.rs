@@ -22,6 +22,7 @@
 //! [`bootstrap`] intervals for comparing evaluations.
 
 pub mod advantage;
+pub mod answer;
 pub mod bootstrap;
 pub mod policy_loss;
 pub mod reward;

@@ -1,5 +1,6 @@
 //! One episode of the search agent: ask the model, run its tool calls, feed
-//! the observations back, until it submits a ranking or a budget ends it.
+//! the observations back, until it submits its answer (a ranking, or words
+//! with citations) or a budget ends it.
 //! History is never truncated; the outcome says what ended the episode.
 
 use sleuth_chat::bridge::WordStats;
@@ -16,7 +17,9 @@ use tonic::Code;
 use tracing::Instrument as _;
 
 use crate::budget::Budget;
-use crate::prompt::{SUBMIT_TOOL, SYSTEM_PROMPT, parse_submission, submit_tool};
+use crate::prompt::{
+    ANSWER_TOOLS, Answer, SUBMIT_ANSWER, SUBMIT_TOOL, SYSTEM_PROMPT, answer_tool, parse_answer, parse_submission,
+};
 
 /// The observation after a tool call the gateway could not parse.
 pub const MALFORMED_CALL: &str = "Error: the tool call could not be parsed. Call tools as \
@@ -39,11 +42,12 @@ struct End {
     outcome: EpisodeOutcome,
     detail: String,
     ranking: Vec<String>,
+    answer: Option<Answer>,
 }
 
 impl End {
     fn new(outcome: EpisodeOutcome, detail: impl Into<String>) -> Self {
-        Self { outcome, detail: detail.into(), ranking: Vec::new() }
+        Self { outcome, detail: detail.into(), ranking: Vec::new(), answer: None }
     }
 }
 
@@ -99,6 +103,7 @@ pub async fn run(clients: &Clients, request: &RunEpisodeRequest) -> Episode {
         ChatMessage { role: "user".into(), content: task.question.clone(), ..Default::default() },
     ];
     let mut turns = 0u32;
+    let mut found = Found { searches: Vec::new(), shown: Vec::new(), word_stats: None };
     let end = match offered_tools(clients, &task.collection, &config).await {
         Err(end) => end,
         Ok(tool_specs) => 'episode: {
@@ -107,7 +112,7 @@ pub async fn run(clients: &Clients, request: &RunEpisodeRequest) -> Episode {
                 Err(why) => break 'episode End::new(EpisodeOutcome::ToolError, why),
             };
             let mut used_tokens = 0u32;
-            let mut found = Found { searches: Vec::new(), word_stats: teacher.as_ref().map(|_| WordStats::default()) };
+            found.word_stats = teacher.as_ref().map(|_| WordStats::default());
             if !config.opening_search.is_empty() {
                 let cap = budget.observation_char_cap;
                 let opened =
@@ -176,7 +181,7 @@ pub async fn run(clients: &Clients, request: &RunEpisodeRequest) -> Episode {
                     if response.finish_reason == "length" {
                         break End::new(EpisodeOutcome::TokenBudget, format!("turn {turns} hit max_new_tokens"));
                     }
-                    break End::new(EpisodeOutcome::Completed, "answered without calling submit_ranking");
+                    break End::new(EpisodeOutcome::Completed, "answered without calling an answer tool");
                 }
                 if used_tokens >= episode_tokens {
                     break End::new(EpisodeOutcome::TokenBudget, format!("max_episode_tokens {episode_tokens} used"));
@@ -198,7 +203,7 @@ pub async fn run(clients: &Clients, request: &RunEpisodeRequest) -> Episode {
             }
         }
     };
-    finish(clients, request, task.task_id, messages, turns, end).await
+    finish(clients, request, task.task_id, messages, turns, end, found.shown).await
 }
 
 /// Runs `tool` on the question as if the model had called it: an assistant
@@ -243,10 +248,13 @@ fn teacher_for(
     let Some(spec) = crate::teacher::TeacherSpec::parse(&config.teacher)? else { return Ok(None) };
     let seed = config.sampling.as_ref().and_then(|s| s.seed).unwrap_or_else(|| sleuth_kit::seed::derive(0, episode_id));
     let opened = !config.opening_search.is_empty();
-    Ok(Some(crate::teacher::Teacher::new(spec.choose(seed, offered)?, question, opened, seed)))
+    let in_words = offered.iter().any(|t| t.name == SUBMIT_ANSWER);
+    Ok(Some(crate::teacher::Teacher::new(spec.choose(seed, offered)?, question, opened, in_words, seed)))
 }
 
-/// The collection's tools (those `config.tools` names, or all) and the answer tool.
+/// The collection's tools (those `config.tools` names, or all) and the
+/// answer tools it names ([`ANSWER_TOOLS`]; `submit_ranking` when it names
+/// none).
 async fn offered_tools(clients: &Clients, collection: &str, config: &AgentConfig) -> Result<Vec<ToolSpec>, End> {
     let listing = tools::ListToolsRequest { collection: collection.to_owned() };
     let listed = within(clients.tool_timeout, listing, async |r| clients.tools.clone().list_tools(r).await)
@@ -255,19 +263,34 @@ async fn offered_tools(clients: &Clients, collection: &str, config: &AgentConfig
         .into_inner();
     let mut offered: Vec<ToolSpec> =
         listed.tools.into_iter().filter(|t| config.tools.is_empty() || config.tools.contains(&t.name)).collect();
-    if let Some(unknown) = config.tools.iter().find(|n| *n != SUBMIT_TOOL && !offered.iter().any(|t| &t.name == *n)) {
+    let answering = |name: &&String| ANSWER_TOOLS.contains(&name.as_str());
+    if let Some(unknown) = config.tools.iter().find(|n| !answering(n) && !offered.iter().any(|t| &t.name == *n)) {
         return Err(End::new(EpisodeOutcome::ToolError, format!("config.tools names unknown tool {unknown:?}")));
     }
-    offered.push(submit_tool());
+    let named: Vec<&String> = config.tools.iter().filter(answering).collect();
+    match named.is_empty() {
+        true => offered.push(answer_tool(SUBMIT_TOOL)),
+        false => offered.extend(named.into_iter().map(|name| answer_tool(name))),
+    }
     Ok(offered)
 }
 
 /// What an episode's searches found: each search's hit ids, in order (what
-/// a submission without ids ranks), and, for a teacher, the collection's
+/// a submission without ids ranks), every document a tool showed (what a
+/// citation may count for), and, for a teacher, the collection's
 /// statistics of every word they showed (`None` asks the gateway for none).
 struct Found {
     searches: Vec<Searched>,
+    shown: Vec<String>,
     word_stats: Option<WordStats>,
+}
+
+impl Found {
+    fn show(&mut self, id: &str) {
+        if !self.shown.iter().any(|seen| seen == id) {
+            self.shown.push(id.to_owned());
+        }
+    }
 }
 
 /// Runs the reply's tool calls in order, appending one tool message each
@@ -286,13 +309,28 @@ async fn run_tools(
         if call.name == SUBMIT_TOOL {
             return Some(match parse_submission(&call.arguments_json) {
                 Ok(ids) => End {
-                    outcome: EpisodeOutcome::Completed,
-                    detail: String::new(),
                     ranking: ids.unwrap_or_else(|| ranking(&found.searches, SUBMITTED)),
+                    ..End::new(EpisodeOutcome::Completed, "")
                 },
                 // An unreadable answer is still the answer: it ranks nothing.
                 Err(why) => End::new(EpisodeOutcome::Completed, format!("unusable submission: {why}")),
             });
+        }
+        if call.name == SUBMIT_ANSWER {
+            match parse_answer(&call.arguments_json) {
+                Ok(answer) => return Some(End { answer: Some(answer), ..End::new(EpisodeOutcome::Completed, "") }),
+                // Like a malformed tool call: the model sees why and may answer again.
+                Err(why) => {
+                    messages.push(ChatMessage {
+                        role: "tool".into(),
+                        content: format!("Error: {SUBMIT_ANSWER}: {why}"),
+                        tool_call_id: call.id.clone(),
+                        name: call.name.clone(),
+                        ..Default::default()
+                    });
+                    continue;
+                }
+            }
         }
         let request = tools::CallToolRequest {
             collection: collection.to_owned(),
@@ -314,8 +352,16 @@ async fn run_tools(
                             0 => response.hits.len(),
                             shown => shown,
                         };
-                        let ids = response.hits.into_iter().map(|hit| hit.doc_id).collect();
+                        let ids: Vec<String> = response.hits.into_iter().map(|hit| hit.doc_id).collect();
+                        // A hit cut off by the observation cap was never shown.
+                        let visible = |id: &&String| {
+                            !response.truncated || response.observation.contains(&format!("doc_id: {id}"))
+                        };
+                        ids.iter().take(shown).filter(visible).for_each(|id| found.show(id));
                         found.searches.push(Searched { ids, shown });
+                    }
+                    if let Some(document) = &response.document {
+                        found.show(&document.doc_id);
                     }
                     if let Some(stats) = found.word_stats.as_mut() {
                         stats.df.extend(response.word_df);
@@ -350,6 +396,7 @@ async fn finish(
     messages: Vec<ChatMessage>,
     turns: u32,
     mut end: End,
+    shown_doc_ids: Vec<String>,
 ) -> Episode {
     let trace = if turns == 0 {
         None
@@ -385,6 +432,9 @@ async fn finish(
         max_policy_version: policy().map(|s| s.policy_version).max().unwrap_or_default(),
         trace,
         trace_id: sleuth_kit::trace_context::current_trace_id().unwrap_or_default(),
+        answer: end.answer.as_ref().map(|a| a.answer.clone()).unwrap_or_default(),
+        citations: end.answer.map(|a| a.citations).unwrap_or_default(),
+        shown_doc_ids,
         ..Default::default()
     }
 }

@@ -10,7 +10,10 @@
 //! ranked by the document frequencies the tool gateway reports with each
 //! search and by the rank of the hit showing it),
 //! then submit without ids: the agent ranks what the searches found, the
-//! last search's first. `mixture` draws one strategy per episode from the
+//! last search's first. Where the run asks for answers in words (it offers
+//! `submit_answer`), the teacher answers with the bridge its last search
+//! shows (the entity one more hop would have searched: the chain's end) and
+//! cites the first hit of each of its searches (the chain it followed). `mixture` draws one strategy per episode from the
 //! episode's seed, among those whose tool is offered: how many hops, and
 //! whether each hop follows the most salient bridge or explores one of the
 //! [`EXPLORED`] most salient (drawn per hop from the seed). Which choice
@@ -22,7 +25,7 @@ use sleuth_chat::bridge::{WordStats, bridges};
 use sleuth_chat::observation::{ListedHit, SEARCH_HITS, parse_search_results};
 use sleuth_proto::common::v1::ToolSpec;
 
-use crate::prompt::SUBMIT_TOOL;
+use crate::prompt::{SUBMIT_ANSWER, SUBMIT_TOOL};
 
 /// The most bridges a strategy follows.
 const MAX_HOPS: u32 = 3;
@@ -111,15 +114,20 @@ pub struct Teacher {
     searched: Vec<String>,
     /// The latest search's hits.
     latest: Vec<ListedHit>,
+    /// Answer in words with citations (`submit_answer`), not a ranking.
+    in_words: bool,
+    /// The first hit of each search so far: the documents an answer cites.
+    chain: Vec<String>,
 }
 
 impl Teacher {
     /// A teacher for `question`; `opened`: the agent searched the question
     /// before the first turn (`opening_search`), so the teacher starts from
-    /// its results.
-    pub fn new(strategy: Strategy, question: &str, opened: bool, seed: u64) -> Self {
+    /// its results; `in_words`: answer with `submit_answer`.
+    pub fn new(strategy: Strategy, question: &str, opened: bool, in_words: bool, seed: u64) -> Self {
         let searched = if opened { vec![question.to_owned()] } else { Vec::new() };
-        Self { strategy, seed, question: question.to_owned(), searched, latest: Vec::new() }
+        let question = question.to_owned();
+        Self { strategy, seed, question, searched, latest: Vec::new(), in_words, chain: Vec::new() }
     }
 
     /// The next reply, given the observation of the previous call (none on
@@ -129,6 +137,9 @@ impl Teacher {
     pub fn reply(&mut self, observation: Option<&str>, stats: &WordStats, turns_left: u32) -> String {
         if let Some(observation) = observation {
             self.latest = parse_search_results(observation);
+            if let Some(first) = self.latest.first().filter(|hit| !self.chain.contains(&hit.id)) {
+                self.chain.push(first.id.clone());
+            }
         }
         if self.searched.is_empty() && turns_left > 1 {
             return self.search(self.question.clone());
@@ -136,7 +147,7 @@ impl Teacher {
         let more_hops = self.searched.len() <= self.strategy.hops as usize;
         match self.bridge(stats).filter(|_| more_hops && turns_left > 1) {
             Some(name) => self.search(name),
-            None => self.submit(),
+            None => self.submit(stats),
         }
     }
 
@@ -160,12 +171,23 @@ impl Teacher {
         (!ranked.is_empty()).then(|| ranked.swap_remove(pick))
     }
 
-    /// A submission without ids: what the searches found, the last search's
-    /// first, then the hits ranked below those shown
+    /// A ranking submitted without ids: what the searches found, the last
+    /// search's first, then the hits ranked below those shown
     /// (`sleuth_chat::observation::ranking`). The ids it saw, listed, would
     /// rank fewer documents, in more tokens, with ids to copy wrong.
-    fn submit(&self) -> String {
-        call(SUBMIT_TOOL, &json!({}))
+    /// In words: the latest results' most salient bridge (the title of
+    /// their first hit when they show none), citing the chain.
+    fn submit(&self, stats: &WordStats) -> String {
+        if !self.in_words {
+            return call(SUBMIT_TOOL, &json!({}));
+        }
+        let known: Vec<String> = std::iter::once(&self.question).chain(&self.searched).cloned().collect();
+        let answer = bridges(&self.latest, &known, stats)
+            .into_iter()
+            .next()
+            .or_else(|| self.latest.first().map(|hit| hit.title.clone()))
+            .unwrap_or_default();
+        call(SUBMIT_ANSWER, &json!({"answer": answer.trim(), "citations": self.chain}))
     }
 }
 
@@ -221,8 +243,13 @@ mod tests {
     #[test]
     fn two_hops_follow_the_bridges_then_submit() {
         let strategy = Strategy { tool: "bm25_search", hops: 2, explore: false };
-        let mut teacher =
-            Teacher::new(strategy, "Name the river near the residence of the founder of Klabou Atelier.", false, 0);
+        let mut teacher = Teacher::new(
+            strategy,
+            "Name the river near the residence of the founder of Klabou Atelier.",
+            false,
+            false,
+            0,
+        );
         let first = teacher.reply(None, &stats(), 5);
         assert!(first.contains(r#""name": "bm25_search""#) && first.contains("Klabou Atelier"), "{first}");
         let company = "bm25_search results for \"...\":\n[1] doc_id: o3 | Klabou Atelier\nKlabou Atelier was started by Ada Varnok in 1903.\n[2] doc_id: do3 | Klabou Atelier\nKlabou Atelier sponsored the regatta held in Razak during 1950.\n";
@@ -239,20 +266,44 @@ mod tests {
     #[test]
     fn after_an_opening_search_the_teacher_bridges_from_its_results() {
         let question = "Name the river near the residence of the founder of Klabou Atelier.";
-        let mut teacher = Teacher::new(Strategy { tool: "bm25_search", hops: 1, explore: false }, question, true, 0);
+        let mut teacher =
+            Teacher::new(Strategy { tool: "bm25_search", hops: 1, explore: false }, question, true, false, 0);
         let company = "bm25_search results for \"...\":\n[1] doc_id: o3 | Klabou Atelier\nKlabou Atelier was started by Ada Varnok in 1903.\n";
         assert!(teacher.reply(Some(company), &stats(), 4).contains(r#""query": " Ada Varnok""#));
         let person =
             "bm25_search results for \"Ada Varnok\":\n[1] doc_id: p3 | Ada Varnok\nAda Varnok lives in Foukur.\n";
         assert!(teacher.reply(Some(person), &stats(), 3).contains(r#""name": "submit_ranking""#), "one hop only");
-        let mut at_once = Teacher::new(Strategy { tool: "bm25_search", hops: 0, explore: false }, question, true, 0);
+        let mut at_once =
+            Teacher::new(Strategy { tool: "bm25_search", hops: 0, explore: false }, question, true, false, 0);
         assert!(at_once.reply(Some(company), &stats(), 4).contains(r#""name": "submit_ranking""#));
     }
 
     #[test]
+    fn in_words_the_teacher_answers_with_the_chains_end_and_cites_the_chain() {
+        let question = "Name the river near the residence of the founder of Klabou Atelier.";
+        let strategy = Strategy { tool: "bm25_search", hops: 2, explore: false };
+        let mut teacher = Teacher::new(strategy, question, true, true, 0);
+        let company = "bm25_search results for \"...\":\n[1] doc_id: o3 | Klabou Atelier\nKlabou Atelier was started by Ada Varnok in 1903.\n";
+        assert!(teacher.reply(Some(company), &stats(), 5).contains(r#""query": " Ada Varnok""#));
+        let person = "bm25_search results for \"Ada Varnok\":\n[1] doc_id: p3 | Ada Varnok\nAda Varnok lives in Foukur and earns a living as a potter.\n";
+        assert!(teacher.reply(Some(person), &stats(), 4).contains(r#""query": " Foukur""#));
+        let town = "bm25_search results for \"Foukur\":\n[1] doc_id: c1 | Foukur\nFoukur lies beside the Toubal.\n[2] doc_id: p3 | Ada Varnok\nAda Varnok lives in Foukur.\n";
+        let answer = teacher.reply(Some(town), &stats(), 3);
+        assert_eq!(
+            answer,
+            r#"<tool_call>[{"name": "submit_answer", "arguments": {"answer": "Toubal", "citations": ["o3", "p3", "c1"]}}]</tool_call>"#
+        );
+    }
+
+    #[test]
     fn the_last_turn_submits_whatever_was_found() {
-        let mut teacher =
-            Teacher::new(Strategy { tool: "bm25_search", hops: 2, explore: false }, "why does it rain", false, 0);
+        let mut teacher = Teacher::new(
+            Strategy { tool: "bm25_search", hops: 2, explore: false },
+            "why does it rain",
+            false,
+            false,
+            0,
+        );
         teacher.reply(None, &stats(), 2);
         let hits =
             "bm25_search results for \"why does it rain\":\n[1] doc_id: rain | Rainfall\nRain forms in Clouds Above.\n";
@@ -265,13 +316,15 @@ mod tests {
         let service = "bm25_search results for \"...\":\n[1] doc_id: s1 | kaquka-worker\nkaquka-worker is written in Elixir and calls rhabeksa-store for downstream work.\n";
         let mut stats = stats();
         stats.df.insert("elixir".to_owned(), 15);
-        let mut first = Teacher::new(Strategy { tool: "bm25_search", hops: 1, explore: false }, question, true, 0);
+        let mut first =
+            Teacher::new(Strategy { tool: "bm25_search", hops: 1, explore: false }, question, true, false, 0);
         assert!(first.reply(Some(service), &stats, 4).contains(r#""query": " rhabeksa-store""#));
         // Three bridges, each drawn by some seed.
         stats.df.insert("written".to_owned(), 60);
         let explore = Strategy { tool: "bm25_search", hops: 1, explore: true };
-        let explored: std::collections::BTreeSet<String> =
-            (0..32).map(|seed| Teacher::new(explore, question, true, seed).reply(Some(service), &stats, 4)).collect();
+        let explored: std::collections::BTreeSet<String> = (0..32)
+            .map(|seed| Teacher::new(explore, question, true, false, seed).reply(Some(service), &stats, 4))
+            .collect();
         assert_eq!(explored.len() as u64, EXPLORED, "{explored:#?}");
         assert!(explored.iter().any(|reply| reply.contains(r#""query": " Elixir""#)), "{explored:#?}");
     }

@@ -152,6 +152,7 @@ async fn fill(database: &Database, state: &State, reports: &std::path::Path) -> 
                     question: "Who founded it?".into(),
                     collection: "c".into(),
                     qrels: [("d3".to_owned(), 2)].into(),
+                    answers: Vec::new(),
                 }),
                 epoch: 0,
                 episodes: ids.iter().zip(&rewards).map(|(id, &r)| episode(id.clone(), version, r)).collect(),

@@ -16,9 +16,10 @@ use std::sync::{Arc, Mutex};
 use futures::StreamExt;
 use sleuth_kit::client::MeshChannel;
 use sleuth_metrics::reward::{FAILURE_RATE, NdcgReward, Reward, outcome_name};
+use sleuth_metrics::validation::CHOSEN_BY;
 use sleuth_proto::agent::v1::RunEpisodeRequest;
 use sleuth_proto::common::v1::{Episode, EpisodeOutcome, SegmentKind, Task};
-use sleuth_proto::rollout::v1::{EvaluateRequest, Evaluation, RunStatus};
+use sleuth_proto::rollout::v1::{EvaluateRequest, Evaluation, RunStatus, TaskMetrics};
 use sleuth_proto::tools::v1::tool_gateway_client::ToolGatewayClient;
 use sleuth_proto::tools::v1::{SearchMethod, SearchRequest};
 
@@ -68,10 +69,13 @@ impl Contender {
     }
 }
 
-/// One task's samples: rankings (best first, with scores) and outcomes.
+/// One task's samples: their metrics, rankings (best first, with scores)
+/// and outcomes.
 struct Scored {
     task_id: String,
-    ndcg: Vec<f64>,
+    /// The metric [`CHOSEN_BY`] means: the reward's headline.
+    headline: String,
+    metrics: Vec<BTreeMap<String, f64>>,
     reward: Vec<f64>,
     outcomes: Vec<EpisodeOutcome>,
     turns: Vec<u32>,
@@ -83,10 +87,54 @@ struct Scored {
 }
 
 impl Scored {
-    /// The task's nDCG@10: the mean over its samples.
-    fn mean_ndcg(&self) -> f64 {
-        self.ndcg.iter().sum::<f64>() / self.ndcg.len().max(1) as f64
+    fn new(task_id: &str, headline: &str) -> Self {
+        Self {
+            task_id: task_id.to_owned(),
+            headline: headline.to_owned(),
+            metrics: Vec::new(),
+            reward: Vec::new(),
+            outcomes: Vec::new(),
+            turns: Vec::new(),
+            tokens: Vec::new(),
+            first_ranking: Vec::new(),
+            served: None,
+        }
     }
+
+    /// Adds one sample's score.
+    fn add(&mut self, scored: sleuth_metrics::reward::Scored, episode: &Episode) {
+        self.metrics.push(scored.metrics);
+        self.reward.push(scored.reward);
+        self.outcomes.push(episode.outcome());
+        self.turns.push(episode.turns);
+        self.tokens.push(episode.total_tokens);
+    }
+
+    /// `metric` of each sample (0 where a sample lacks it).
+    fn each(&self, metric: &str) -> impl Iterator<Item = f64> {
+        self.metrics.iter().map(move |m| m.get(metric).copied().unwrap_or(0.0))
+    }
+
+    /// The mean of `metric` over the task's samples.
+    fn mean(&self, metric: &str) -> f64 {
+        self.each(metric).sum::<f64>() / self.metrics.len().max(1) as f64
+    }
+
+    /// The task's metrics: each the mean over its samples, with the mean
+    /// reward and the headline's mean as [`CHOSEN_BY`].
+    fn means(&self) -> BTreeMap<String, f64> {
+        let mut means: BTreeMap<String, f64> =
+            self.metrics.iter().flat_map(|m| m.keys()).map(|name| (name.clone(), self.mean(name))).collect();
+        means.insert("reward".to_owned(), self.reward.iter().sum::<f64>() / self.reward.len().max(1) as f64);
+        means.insert(CHOSEN_BY.to_owned(), self.mean(&self.headline));
+        means
+    }
+}
+
+/// What an evaluation job returns: its metrics and each task's.
+pub(crate) struct Outcome {
+    pub metrics: HashMap<String, f64>,
+    pub per_task: BTreeMap<String, BTreeMap<String, f64>>,
 }
 
 #[derive(Clone)]
@@ -111,10 +159,10 @@ impl Evaluator {
         let contender = Contender::parse(&request.policy.as_ref().map(|p| p.model_uri.clone()).unwrap_or_default())?;
         let set = request.tasks.clone().ok_or("tasks is required")?;
         let tasks = crate::tasks::load(&set, "tasks")?;
-        let reward = NdcgReward::with_penalties(
-            &request.reward.as_ref().map(|r| r.outcome_penalties.clone().into_iter().collect()).unwrap_or_default(),
-        )
-        .map_err(|e| format!("reward.{e}"))?;
+        let reward = sleuth_metrics::reward::of_spec(request.reward.as_ref()).map_err(|e| format!("reward.{e}"))?;
+        if matches!(contender, Contender::Policy) {
+            sleuth_metrics::reward::check_tasks(reward.as_ref(), &tasks).map_err(|e| format!("tasks: {e}"))?;
+        }
         if matches!(contender, Contender::Baseline(_)) && self.tools.is_none() {
             return Err("baselines need the orchestrator's tool_gateway address (SLEUTH_TOOL_GATEWAY)".into());
         }
@@ -133,9 +181,16 @@ impl Evaluator {
             let mut jobs = evaluator.jobs.lock().expect("jobs");
             if let Some(job) = jobs.get_mut(&id) {
                 match result {
-                    Ok((metrics, per_task)) => {
+                    Ok(Outcome { metrics, per_task }) => {
                         job.metrics = metrics;
-                        job.per_task_ndcg = per_task;
+                        let ndcg = |(task, metrics): (&String, &BTreeMap<String, f64>)| {
+                            metrics.get("ndcg@10").map(|ndcg| (task.clone(), *ndcg))
+                        };
+                        job.per_task_ndcg = per_task.iter().filter_map(ndcg).collect();
+                        job.per_task = per_task
+                            .into_iter()
+                            .map(|(task, metrics)| (task, TaskMetrics { metrics: metrics.into_iter().collect() }))
+                            .collect();
                         job.status = RunStatus::Succeeded as i32;
                     }
                     Err(error) => {
@@ -150,7 +205,7 @@ impl Evaluator {
     }
 
     /// Evaluates `contender` on `tasks`; writes the report files under `id`.
-    /// Returns the metrics and each task's nDCG@10. `of_run` names the
+    /// Returns the metrics and each task's. `of_run` names the
     /// training run whose policy is validated: its episodes are served by
     /// its current weights or newer, never by a server still on older ones.
     pub(crate) async fn run(
@@ -159,9 +214,9 @@ impl Evaluator {
         contender: Contender,
         tasks: Vec<Task>,
         request: &EvaluateRequest,
-        reward: &NdcgReward,
+        reward: &Arc<dyn Reward>,
         of_run: Option<&str>,
-    ) -> Result<(HashMap<String, f64>, HashMap<String, f64>), String> {
+    ) -> Result<Outcome, String> {
         let of_run = of_run.map(str::to_owned);
         let samples = request.samples_per_task.max(1);
         let scored: Vec<Result<Scored, String>> = futures::stream::iter(tasks)
@@ -186,9 +241,11 @@ impl Evaluator {
             .await;
         let scored = scored.into_iter().collect::<Result<Vec<_>, String>>()?;
         let metrics = summarise(&scored, samples as usize);
-        self.write_reports(id, contender, request, &scored, &metrics)
+        let per_task: BTreeMap<String, BTreeMap<String, f64>> =
+            scored.iter().map(|s| (s.task_id.clone(), s.means())).collect();
+        self.write_reports(id, contender, request, &per_task, &scored, &metrics)
             .map_err(|e| format!("writing the report to {}: {e}", self.report_dir.display()))?;
-        Ok((metrics.into_iter().collect(), scored.iter().map(|s| (s.task_id.clone(), s.mean_ndcg())).collect()))
+        Ok(Outcome { metrics: metrics.into_iter().collect(), per_task })
     }
 
     async fn baseline(&self, task: &Task, method: SearchMethod) -> Result<Scored, String> {
@@ -207,17 +264,12 @@ impl Evaluator {
             .hits;
         let ranking: Vec<String> = hits.iter().map(|h| h.doc_id.clone()).collect();
         let episode = Episode { outcome: EpisodeOutcome::Completed as i32, ranking, ..Default::default() };
-        let score = NdcgReward::default().score(task, &episode);
-        Ok(Scored {
-            task_id: task.task_id.clone(),
-            ndcg: vec![score.metrics["ndcg@10"]],
-            reward: vec![score.reward],
-            outcomes: vec![EpisodeOutcome::Completed],
-            turns: vec![0],
-            tokens: vec![0],
-            first_ranking: hits.into_iter().map(|h| (h.doc_id, f64::from(h.score))).collect(),
-            served: None,
-        })
+        // A baseline ranks; it is scored as a ranking whatever the reward.
+        let ranked = NdcgReward::default();
+        let mut scored = Scored::new(&task.task_id, sleuth_metrics::reward::NDCG);
+        scored.add(ranked.score(task, &episode), &episode);
+        scored.first_ranking = hits.into_iter().map(|h| (h.doc_id, f64::from(h.score))).collect();
+        Ok(scored)
     }
 
     async fn policy(
@@ -227,18 +279,9 @@ impl Evaluator {
         task: &Task,
         samples: u32,
         request: &EvaluateRequest,
-        reward: &NdcgReward,
+        reward: &Arc<dyn Reward>,
     ) -> Result<Scored, String> {
-        let mut scored = Scored {
-            task_id: task.task_id.clone(),
-            ndcg: Vec::new(),
-            reward: Vec::new(),
-            outcomes: Vec::new(),
-            turns: Vec::new(),
-            tokens: Vec::new(),
-            first_ranking: Vec::new(),
-            served: None,
-        };
+        let mut scored = Scored::new(&task.task_id, reward.headline());
         for sample in 0..samples {
             let episode_request = RunEpisodeRequest {
                 // The inference gateway serves a run's turns by its current weights or newer.
@@ -256,12 +299,7 @@ impl Evaluator {
                 .run_to_policy_outcome(episode_request, attempt)
                 .await
                 .map_err(|why| format!("task {}: {why}", task.task_id))?;
-            let score = reward.score(task, &episode);
-            scored.ndcg.push(score.metrics["ndcg@10"]);
-            scored.reward.push(score.reward);
-            scored.outcomes.push(episode.outcome());
-            scored.turns.push(episode.turns);
-            scored.tokens.push(episode.total_tokens);
+            scored.add(reward.score(task, &episode), &episode);
             let sampled_by = episode
                 .trace
                 .iter()
@@ -282,13 +320,14 @@ impl Evaluator {
     }
 
     /// The TREC run file, and the JSON report: the metrics, what was
-    /// evaluated on which tasks, and each task's nDCG@10 (mean over its
+    /// evaluated on which tasks, and each task's metrics (means over its
     /// samples), from which the dashboard draws bootstrap intervals.
     fn write_reports(
         &self,
         id: &str,
         contender: Contender,
         request: &EvaluateRequest,
+        per_task: &BTreeMap<String, BTreeMap<String, f64>>,
         scored: &[Scored],
         metrics: &BTreeMap<String, f64>,
     ) -> std::io::Result<()> {
@@ -297,7 +336,8 @@ impl Evaluator {
             scored.iter().map(|s| (s.task_id.clone(), s.first_ranking.clone())).collect();
         let mut run = std::io::BufWriter::new(std::fs::File::create(self.report_dir.join(format!("{id}.run")))?);
         sleuth_metrics::run::write_run(&mut run, &rankings, id)?;
-        let per_task: BTreeMap<&str, f64> = scored.iter().map(|s| (s.task_id.as_str(), s.mean_ndcg())).collect();
+        let per_task_ndcg: BTreeMap<&String, f64> =
+            per_task.iter().filter_map(|(task, m)| m.get("ndcg@10").map(|ndcg| (task, *ndcg))).collect();
         let set = request.tasks.clone().unwrap_or_default();
         let report = serde_json::json!({
             "evaluation_id": id,
@@ -307,24 +347,30 @@ impl Evaluator {
             "samples_per_task": request.samples_per_task.max(1),
             "tasks": scored.len(),
             "metrics": metrics,
-            "per_task_ndcg@10": per_task,
+            "per_task_ndcg@10": per_task_ndcg,
+            "per_task": per_task,
         });
         std::fs::write(self.report_dir.join(format!("{id}.json")), serde_json::to_vec_pretty(&report)?)
     }
 }
 
-/// The job's metrics: nDCG@10 (failed samples count 0), mean reward,
-/// pass@k (a task passes when any of its k samples has nDCG@10 > 0), mean
-/// turns and tokens, and the share of samples per outcome.
+/// The job's metrics: each metric the reward records and the mean reward
+/// and [`CHOSEN_BY`] (each the mean over tasks of the task's mean over its
+/// samples; failed samples count 0), pass@k (a task passes when any of its
+/// k samples has a headline metric > 0), mean turns and tokens, and the
+/// share of samples per outcome.
 fn summarise(scored: &[Scored], k: usize) -> BTreeMap<String, f64> {
     let tasks = scored.len().max(1) as f64;
-    let samples: f64 = scored.iter().map(|s| s.ndcg.len() as f64).sum::<f64>().max(1.0);
-    let mean = |f: &dyn Fn(&Scored) -> f64| scored.iter().map(f).sum::<f64>() / tasks;
-    let avg = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
+    let samples: f64 = scored.iter().map(|s| s.metrics.len() as f64).sum::<f64>().max(1.0);
     let mut metrics = BTreeMap::new();
-    metrics.insert("ndcg@10".to_owned(), mean(&|s| avg(&s.ndcg)));
-    metrics.insert("reward".to_owned(), mean(&|s| avg(&s.reward)));
-    metrics.insert(format!("pass@{k}"), mean(&|s| f64::from(u8::from(s.ndcg.iter().any(|&n| n > 0.0)))));
+    // Each metric: the mean over tasks of its mean over the task's samples.
+    for means in scored.iter().map(Scored::means) {
+        for (name, mean) in means {
+            *metrics.entry(name).or_insert(0.0) += mean / tasks;
+        }
+    }
+    let passed = scored.iter().filter(|s| s.each(&s.headline).any(|score| score > 0.0)).count();
+    metrics.insert(format!("pass@{k}"), passed as f64 / tasks);
     metrics
         .insert("turns".to_owned(), scored.iter().flat_map(|s| &s.turns).map(|&t| f64::from(t)).sum::<f64>() / samples);
     metrics.insert(

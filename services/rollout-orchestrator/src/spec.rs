@@ -128,15 +128,10 @@ pub fn validate(spec: &pb::RunSpec) -> Result<(), String> {
     if let Some(training) = &spec.training {
         validate_training(training)?;
     }
-    if let Some(reward) = &spec.reward {
-        if !reward.name.is_empty() && reward.name != "ndcg@10" {
-            return Err(format!("spec.reward.name {:?} is not a registered reward (ndcg@10)", reward.name));
-        }
-        sleuth_metrics::reward::NdcgReward::with_penalties(&reward.outcome_penalties.clone().into_iter().collect())
-            .map_err(|e| format!("spec.reward.{e}"))?;
-    }
+    let reward = sleuth_metrics::reward::of_spec(spec.reward.as_ref()).map_err(|e| format!("spec.reward.{e}"))?;
     // Last: they read the task sets.
     let train = tasks::load(train, "spec.train")?;
+    sleuth_metrics::reward::check_tasks(reward.as_ref(), &train).map_err(|e| format!("spec.train: {e}"))?;
     validate_validation(spec, &train)?;
     Ok(())
 }

@@ -37,6 +37,7 @@ pub fn load(set: &TaskSet, field: &str) -> Result<Vec<Task>, String> {
                 question: q.text,
                 collection: set.collection.clone(),
                 qrels: judgements.iter().map(|(d, r)| (d.clone(), *r)).collect(),
+                answers: q.answers,
             })
         })
         .collect();

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use sleuth_metrics::reward::NdcgReward;
+use sleuth_metrics::reward::Reward;
 use sleuth_proto::common::v1::{SamplingParams, Task};
 use sleuth_proto::rollout::v1::{EvaluateRequest, RunSpec, Validation};
 use sleuth_store::trajectories;
@@ -29,7 +29,7 @@ use crate::state::State;
 /// How often the validator looks at the learner's version.
 const POLL: Duration = Duration::from_millis(500);
 
-/// The validated version with the highest nDCG@10 (the earliest of equals).
+/// The validated version with the highest score (the earliest of equals).
 pub fn best(validations: &[Validation]) -> Option<u64> {
     sleuth_metrics::validation::ranked_versions(validations).first().copied()
 }
@@ -39,7 +39,7 @@ pub struct Validator {
     run_id: String,
     tasks: Vec<Task>,
     request: EvaluateRequest,
-    reward: NdcgReward,
+    reward: Arc<dyn Reward>,
     eval_every: u64,
     /// The groups the run publishes in all: the learner has made its last
     /// step once it has taken them all.
@@ -77,9 +77,8 @@ impl Validator {
             samples_per_task: 1,
             reward: spec.reward.clone(),
         };
-        let reward = NdcgReward::with_penalties(
-            &spec.reward.as_ref().map(|r| r.outcome_penalties.clone().into_iter().collect()).unwrap_or_default(),
-        )?;
+        let reward = sleuth_metrics::reward::of_spec(spec.reward.as_ref()).map_err(|e| format!("spec.reward.{e}"))?;
+        sleuth_metrics::reward::check_tasks(reward.as_ref(), &tasks).map_err(|e| format!("spec.validation: {e}"))?;
         Ok(Some(Self {
             run_id: run_id.to_owned(),
             tasks,
@@ -168,11 +167,12 @@ impl Validator {
     async fn validate(&self, version: u64) -> Result<(), String> {
         let id = format!("{}-validation-v{version}", self.run_id);
         tracing::info!(run = %self.run_id, version, tasks = self.tasks.len(), "validating");
-        let (metrics, _) = self
+        let crate::evaluate::Outcome { metrics, .. } = self
             .evaluator
             .run(&id, Contender::Policy, self.tasks.clone(), &self.request, &self.reward, Some(&self.run_id))
             .await?;
-        tracing::info!(run = %self.run_id, version, ndcg = metrics.get("ndcg@10").copied().unwrap_or_default(), "validated");
+        let score = metrics.get(sleuth_metrics::validation::CHOSEN_BY).copied().unwrap_or_default();
+        tracing::info!(run = %self.run_id, version, score, headline = self.reward.headline(), "validated");
         // Turns are served by the run's current weights or newer, so the
         // label is the oldest; steps that land meanwhile show as newer ones.
         let served = |key| metrics.get(key).map(|&v| v as u64);

@@ -192,28 +192,39 @@ pub(crate) fn world(rng: &mut Rng, companies: usize) -> World {
     for (i, company) in companies.iter().enumerate() {
         let founder = &people[company.founder];
         let (org, person, city) = (format!("o{i}"), format!("p{}", company.founder), format!("c{}", founder.town));
-        let mut ask = |kind: &'static str, text: String, judged: Vec<(String, i32)>, answer_text: String| {
-            let (split, id) = (split_of[i], format!("q{i}-{kind}"));
-            questions.push(Question { split, id, kind, text, judged, answer_text });
-        };
-        ask("product", format!("What does {} produce?", company.name), vec![(org.clone(), 2)], company_text(company));
+        let town = &cities[founder.town];
+        let mut ask =
+            |kind: &'static str, text: String, judged: Vec<(String, i32)>, answer_text: String, answer: &str| {
+                let (split, id, answer) = (split_of[i], format!("q{i}-{kind}"), answer.to_owned());
+                questions.push(Question { split, id, kind, text, judged, answer_text, answer });
+            };
+        ask(
+            "product",
+            format!("What does {} produce?", company.name),
+            vec![(org.clone(), 2)],
+            company_text(company),
+            company.product,
+        );
         ask(
             "founder_craft",
             format!("What trade does the person who established {} practise?", company.name),
             vec![(person.clone(), 2), (org.clone(), 1)],
             person_text(founder),
+            founder.craft,
         );
         ask(
             "founder_town",
             format!("Which town is home to the founder of {}?", company.name),
             vec![(person.clone(), 2), (org.clone(), 1)],
             person_text(founder),
+            &town.name,
         );
         ask(
             "founder_river",
             format!("Name the river near the residence of the founder of {}.", company.name),
             vec![(city, 2), (person, 1), (org, 1)],
-            city_text(&cities[founder.town]),
+            city_text(town),
+            &town.river,
         );
     }
     World { corpus, questions }

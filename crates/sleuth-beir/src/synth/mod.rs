@@ -115,6 +115,8 @@ pub(crate) struct Question {
     pub judged: Vec<(String, i32)>,
     /// The answer document's text, for the no-shared-word check.
     pub answer_text: String,
+    /// The answer in words: the fact the answer document states.
+    pub answer: String,
 }
 
 /// SplitMix64: small, seedable, the same on every platform.
@@ -213,7 +215,7 @@ fn finish(dir: &Path, rng: &mut Rng, world: World) -> Result<Synthesized, BeirEr
         let line = serde_json::json!({
             "_id": question.id,
             "text": question.text,
-            "metadata": {"type": question.kind, "hops": hops},
+            "metadata": {"type": question.kind, "hops": hops, "answers": [question.answer]},
         });
         let _ = writeln!(queries, "{line}");
         let split = question.split;
@@ -284,5 +286,34 @@ fn opaque_ids(rng: &mut Rng, corpus: &[(String, String, String)]) -> BTreeMap<St
 fn shuffle<T>(rng: &mut Rng, items: &mut [T]) {
     for i in (1..items.len()).rev() {
         items.swap(i, rng.below(i + 1));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_question_of_every_family_has_the_answer_its_answer_document_states() {
+        for family in [Family::Companies, Family::Services] {
+            let dir = tempfile::tempdir().unwrap();
+            write(dir.path(), SynthSpec { family, seed: 3, size: 24 }).unwrap();
+            let beir = crate::BeirDir::new(dir.path());
+            let corpus: BTreeMap<String, String> = beir
+                .corpus(crate::BadLines::Fail)
+                .unwrap()
+                .map(|d| d.map(|d| (d.id, d.text)))
+                .collect::<Result<_, _>>()
+                .unwrap();
+            let mut qrels = crate::Qrels::new();
+            for (split, _) in SPLITS {
+                qrels.extend(beir.qrels(split).unwrap());
+            }
+            for query in beir.queries(crate::BadLines::Fail).unwrap() {
+                let [answer] = query.answers.as_slice() else { panic!("{family:?} {}: {:?}", query.id, query.answers) };
+                let (document, _) = qrels[&query.id].iter().find(|(_, grade)| **grade == 2).unwrap();
+                assert!(corpus[document].contains(answer.as_str()), "{family:?} {}: {answer:?}", query.id);
+            }
+        }
     }
 }

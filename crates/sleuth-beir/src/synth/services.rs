@@ -172,15 +172,17 @@ pub(crate) fn world(rng: &mut Rng, services: usize) -> World {
 
         let (svc, inc, team) = (format!("s{i}"), format!("i{i}"), format!("t{}", service.team));
         let head = lead(service.team);
-        let mut ask = |kind: &'static str, text: String, judged: Vec<(String, i32)>, answer_text: String| {
-            let (split, id) = (service.split, format!("q{i}-{kind}"));
-            questions.push(Question { split, id, kind, text, judged, answer_text });
-        };
+        let mut ask =
+            |kind: &'static str, text: String, judged: Vec<(String, i32)>, answer_text: String, answer: &str| {
+                let (split, id, answer) = (service.split, format!("q{i}-{kind}"), answer.to_owned());
+                questions.push(Question { split, id, kind, text, judged, answer_text, answer });
+            };
         ask(
             "language",
             format!("Which language is {} written in?", service.name),
             vec![(svc.clone(), 2)],
             service_text(service),
+            service.language,
         );
         // Asked only where the dependency's page does not name the service back.
         if service.callee != i && all[service.callee].callee != i {
@@ -190,6 +192,7 @@ pub(crate) fn world(rng: &mut Rng, services: usize) -> World {
                 format!("What datastore backs the dependency of {}?", service.name),
                 vec![(format!("s{}", service.callee), 2), (svc.clone(), 1)],
                 service_text(callee),
+                callee.datastore,
             );
         }
         ask(
@@ -197,6 +200,7 @@ pub(crate) fn world(rng: &mut Rng, services: usize) -> World {
             format!("Which group is responsible for the system affected by {incident}?"),
             vec![(team.clone(), 2), (svc.clone(), 1), (inc.clone(), 1)],
             team_text(service.team),
+            &team_names[service.team],
         );
         ask(
             "incident_lead_day",
@@ -205,6 +209,7 @@ pub(crate) fn world(rng: &mut Rng, services: usize) -> World {
             ),
             vec![(format!("p{head}"), 2), (team, 1), (svc, 1), (inc, 1)],
             person_text(&people[head]),
+            people[head].weekday,
         );
     }
     World { corpus, questions }
