@@ -13,34 +13,6 @@ use sleuth_proto::agent::v1::{AgentConfig, RunEpisodeRequest};
 use sleuth_proto::common::v1::{Episode, EpisodeOutcome, SegmentKind, Task};
 use sleuth_tests::fixture::*;
 
-/// The synthetic collection (8 companies), indexed for BM25, and its questions with their qrels.
-fn synth(dir: &std::path::Path) -> Result<(std::path::PathBuf, Vec<Task>)> {
-    let source = dir.join("synth");
-    sleuth_beir::synth::write(&source, sleuth_beir::synth::SynthSpec { family: Default::default(), seed: 3, size: 8 })?;
-    let index = dir.join("synth-index");
-    index_collection(&source, &index, "synth", false)?;
-    let beir = sleuth_beir::BeirDir::new(&source);
-    let qrels: BTreeMap<String, BTreeMap<String, i32>> = ["train", "validation", "test"]
-        .iter()
-        .map(|s| beir.qrels(s))
-        .collect::<Result<Vec<_>, _>>()?
-        .into_iter()
-        .flatten()
-        .collect();
-    let tasks = beir
-        .queries(sleuth_beir::BadLines::Fail)?
-        .into_iter()
-        .map(|q| Task {
-            qrels: qrels.get(&q.id).cloned().unwrap_or_default().into_iter().collect(),
-            task_id: q.id,
-            question: q.text,
-            collection: "synth".into(),
-            answers: q.answers,
-        })
-        .collect();
-    Ok((index, tasks))
-}
-
 async fn taught(mesh: &Mesh, task: &Task, teacher: &str, episode: &str) -> Result<Episode> {
     opened(mesh, task, teacher, "", episode).await
 }
@@ -88,7 +60,7 @@ async fn played(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_mixtures_best_episode_follows_the_founder_and_is_traced_as_the_policy() -> Result<()> {
     let scratch = tempfile::tempdir()?;
-    let (index, tasks) = synth(scratch.path())?;
+    let (index, tasks) = small_synth(scratch.path())?;
     let mesh = Mesh::with_collection(&sleuth_testkit::smollm2()?, "synth", &index, 1)?;
     let reward = NdcgReward::default();
 
@@ -173,7 +145,7 @@ async fn an_sft_run_imitates_the_teachers_best_episodes_from_one_spec() -> Resul
     use sleuth_proto::rollout::v1 as rollout;
     const RUN: &str = "sft";
     let scratch = tempfile::tempdir()?;
-    let (index, _) = synth(scratch.path())?;
+    let (index, _) = small_synth(scratch.path())?;
     let tiny = scratch.path().join("tiny");
     sleuth_model::export::write_random_llama(&sleuth_testkit::smollm2()?, &tiny, Default::default(), 7)?;
     let mesh = Mesh::with_collection(&tiny, "synth", &index, 2)?;

@@ -1,7 +1,9 @@
-//! `sleuth compare`: finished evaluations side by side, each with nDCG@10
-//! and its 95 % bootstrap interval over tasks, and its paired difference to
-//! one reference evaluation on the tasks both scored (resampling tasks, so
-//! task difficulty cancels); failure rate, turns and tokens beside them.
+//! `sleuth compare`: finished evaluations side by side, each with one
+//! metric (`--metric`: nDCG@10 by default; any metric the evaluations
+//! recorded per task, such as `answer_f1` or `citation_precision`) and its
+//! 95 % bootstrap interval over tasks, and its paired difference to one
+//! reference evaluation on the tasks both scored (resampling tasks, so task
+//! difficulty cancels); failure rate, turns and tokens beside them.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -22,6 +24,11 @@ pub struct CompareArgs {
     /// The row the others are compared with, by its label.
     #[arg(long)]
     against: String,
+    /// The metric compared, as the evaluations record it per task
+    /// (`ndcg@10`, `score`, `answer_f1`, `answer_em`, `citation_precision`,
+    /// `citation_recall`, `citation_f1`, `reward`, ...).
+    #[arg(long, default_value = "ndcg@10")]
+    metric: String,
     /// Evaluations to list, in order, as LABEL=EVALUATION_ID (`sleuth eval` prints the id).
     #[arg(required = true)]
     rows: Vec<String>,
@@ -53,17 +60,32 @@ pub async fn run(args: CompareArgs) -> anyhow::Result<()> {
         );
         rows.push(Row { label: label.to_owned(), evaluation });
     }
-    print!("{}", table(&rows, &args.against)?);
+    print!("{}", table(&rows, &args.against, &args.metric)?);
     Ok(())
 }
 
-fn table(rows: &[Row], against: &str) -> anyhow::Result<String> {
+/// Each task's `metric` in `row`; an error when the row recorded none.
+fn per_task(row: &Row, metric: &str) -> anyhow::Result<BTreeMap<String, f64>> {
+    let scores: BTreeMap<String, f64> = row
+        .evaluation
+        .per_task
+        .iter()
+        .filter_map(|(task, scores)| scores.metrics.get(metric).map(|score| (task.clone(), *score)))
+        .collect();
+    if scores.is_empty() {
+        let recorded: std::collections::BTreeSet<&String> =
+            row.evaluation.per_task.values().flat_map(|t| t.metrics.keys()).collect();
+        anyhow::bail!("--metric {metric:?}: row {} recorded no such metric per task (it has {recorded:?})", row.label);
+    }
+    Ok(scores)
+}
+
+fn table(rows: &[Row], against: &str, metric: &str) -> anyhow::Result<String> {
     let reference = rows
         .iter()
         .find(|r| r.label == against)
         .ok_or_else(|| anyhow::anyhow!("--against {against:?} names no row"))?;
-    let reference: BTreeMap<String, f64> =
-        reference.evaluation.per_task_ndcg.iter().map(|(task, score)| (task.clone(), *score)).collect();
+    let reference = per_task(reference, metric)?;
     let width = rows.iter().map(|r| r.label.len()).max().unwrap_or(0).max(9);
     let mut out = String::new();
     let _ = writeln!(
@@ -71,23 +93,23 @@ fn table(rows: &[Row], against: &str) -> anyhow::Result<String> {
         "{:<width$}  {:>5}  {:<22}  {:<26}  {:>8}  {:>5}  {:>6}",
         "contender",
         "tasks",
-        "nDCG@10 [95 %]",
+        format!("{metric} [95 %]"),
         format!("vs {against} [95 % paired]"),
         "failures",
         "turns",
         "tokens"
     );
     for row in rows {
-        let scores: Vec<f64> = row.evaluation.per_task_ndcg.values().copied().collect();
+        let per_task = per_task(row, metric)?;
+        let scores: Vec<f64> = per_task.values().copied().collect();
         let mean = mean_interval(&scores, SEED).map_or_else(|| "-".to_owned(), |i| shown(i, false));
         let delta = if row.label == against {
             "reference".to_owned()
         } else {
-            paired_interval(row.evaluation.per_task_ndcg.iter().map(|(t, s)| (t.as_str(), *s)), &reference, SEED)
-                .map_or_else(
-                    || "no task in common".to_owned(),
-                    |(i, _)| format!("{}{}", shown(i, true), i.verdict(" better", " worse")),
-                )
+            paired_interval(per_task.iter().map(|(t, s)| (t.as_str(), *s)), &reference, SEED).map_or_else(
+                || "no task in common".to_owned(),
+                |(i, _)| format!("{}{}", shown(i, true), i.verdict(" better", " worse")),
+            )
         };
         let metric = |name: &str| row.evaluation.metrics.get(name).copied().unwrap_or_default();
         let _ = writeln!(
@@ -116,12 +138,16 @@ mod tests {
     use super::*;
 
     fn row(label: &str, scores: &[f64], failures: f64) -> Row {
-        let per_task_ndcg = scores.iter().enumerate().map(|(i, s)| (format!("q{i}"), *s)).collect();
+        let per_task = scores
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (format!("q{i}"), pb::TaskMetrics { metrics: [("answer_f1".to_owned(), *s)].into() }))
+            .collect();
         let metrics = [("failure_rate:turn_limit".to_owned(), failures), ("turns".to_owned(), 2.5)].into();
         Row {
             label: label.into(),
             evaluation: pb::Evaluation {
-                per_task_ndcg,
+                per_task,
                 metrics,
                 status: pb::RunStatus::Succeeded as i32,
                 ..Default::default()
@@ -134,12 +160,14 @@ mod tests {
         let sft: Vec<f64> = (0..40).map(|i| f64::from(i % 4) / 4.0).collect();
         let better: Vec<f64> = sft.iter().map(|s| s + 0.2).collect();
         let rows = [row("sft", &sft, 0.0), row("grpo", &better, 0.05)];
-        let table = table(&rows, "sft").unwrap();
+        let table = table(&rows, "sft", "answer_f1").unwrap();
         let lines: Vec<&str> = table.lines().collect();
-        assert!(lines[0].contains("vs sft [95 % paired]"), "{table}");
+        assert!(lines[0].contains("answer_f1 [95 %]") && lines[0].contains("vs sft [95 % paired]"), "{table}");
         assert!(lines[1].starts_with("sft") && lines[1].contains("reference"), "{table}");
         assert!(lines[2].contains("+0.200 [+0.200, +0.200] better"), "{table}");
         assert!(lines[2].contains("0.050") && lines[2].contains("2.50"), "{table}");
-        assert!(super::table(&rows, "bm25").unwrap_err().to_string().contains("\"bm25\""));
+        assert!(super::table(&rows, "bm25", "answer_f1").unwrap_err().to_string().contains("\"bm25\""));
+        let unrecorded = super::table(&rows, "sft", "ndcg@10").unwrap_err().to_string();
+        assert!(unrecorded.contains("\"ndcg@10\"") && unrecorded.contains("answer_f1"), "{unrecorded}");
     }
 }

@@ -20,6 +20,10 @@
 //! reward: {name: ndcg@10, outcome_penalties: {turn_limit: -1, token_budget: -1}}
 //! training: {advantage: grpo, loss: ppo, learning_rate: 1.0e-6, checkpoint_every: 10}
 //! ```
+//!
+//! Answers in words with citations instead of a ranking (docs/rewards.md):
+//! `agent: {tools: [bm25_search, submit_answer]}` and
+//! `reward: {name: answer+citations}`.
 
 use std::collections::BTreeMap;
 

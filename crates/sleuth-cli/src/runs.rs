@@ -112,6 +112,18 @@ pub struct EvalArgs {
     /// the agent's defaults.
     #[arg(long)]
     agent_from: Option<String>,
+    /// The reward the policy's episodes are scored by (`ndcg@10`,
+    /// `answer_f1`, `answer_em`, `citations`, `answer+citations`); default:
+    /// that of the `--agent-from` run, else `ndcg@10`. Baselines rank, and
+    /// are scored by nDCG@10 whatever this says.
+    #[arg(long)]
+    reward: Option<String>,
+    /// With `--contender policy`: the tools offered (`agent.tools`), comma
+    /// separated, e.g. `bm25_search,submit_answer` to answer in words;
+    /// default: those of the `--agent-from` run, else every tool and
+    /// `submit_ranking`.
+    #[arg(long, value_delimiter = ',')]
+    tools: Option<Vec<String>>,
 }
 
 pub(crate) async fn client(endpoint: &Endpoint) -> anyhow::Result<RolloutOrchestratorClient<MeshChannel>> {
@@ -287,11 +299,12 @@ pub async fn run(args: RunArgs) -> anyhow::Result<i32> {
 
 /// `sleuth eval`: starts an evaluation job and follows it; returns the exit code.
 pub async fn eval(args: EvalArgs) -> anyhow::Result<i32> {
-    if (!args.teacher.is_empty() || args.agent_from.is_some()) && args.contender != "policy" {
-        eprintln!("--teacher and --agent-from set up the agents: they need --contender policy");
+    if (!args.teacher.is_empty() || args.agent_from.is_some() || args.tools.is_some()) && args.contender != "policy" {
+        eprintln!("--teacher, --tools and --agent-from set up the agents: they need --contender policy");
         return Ok(INVALID);
     }
     let mut client = client(&args.endpoint).await?;
+    let mut reward = None;
     let mut agent = match &args.agent_from {
         Some(run_id) => {
             let run = client
@@ -299,6 +312,7 @@ pub async fn eval(args: EvalArgs) -> anyhow::Result<i32> {
                 .await
                 .map_err(|s| anyhow::anyhow!("--agent-from {run_id:?}: {}", s.message()))?
                 .into_inner();
+            reward = run.spec.as_ref().and_then(|spec| spec.reward.clone());
             let mut agent = run.spec.and_then(|spec| spec.agent).unwrap_or_default();
             // Greedy needs no seed; without one a mixture teacher draws its
             // strategy per episode, not one for every task.
@@ -312,6 +326,12 @@ pub async fn eval(args: EvalArgs) -> anyhow::Result<i32> {
         None => Default::default(),
     };
     agent.teacher = args.teacher.clone();
+    if let Some(tools) = &args.tools {
+        agent.tools.clone_from(tools);
+    }
+    if let Some(name) = &args.reward {
+        reward = Some(pb::RewardSpec { name: name.clone(), ..reward.unwrap_or_default() });
+    }
     let model_uri = if args.contender == "policy" { String::new() } else { format!("baseline:{}", args.contender) };
     let request = pb::EvaluateRequest {
         policy: Some(pb::PolicySpec { model_uri, ..Default::default() }),
@@ -323,7 +343,7 @@ pub async fn eval(args: EvalArgs) -> anyhow::Result<i32> {
         }),
         samples_per_task: args.samples,
         agent: Some(agent),
-        ..Default::default()
+        reward,
     };
     let started = match admin_client(&args.endpoint).await?.evaluate(request).await {
         Ok(job) => job.into_inner(),

@@ -12,8 +12,9 @@
 //! then submit without ids: the agent ranks what the searches found, the
 //! last search's first. Where the run asks for answers in words (it offers
 //! `submit_answer`), the teacher answers with the bridge its last search
-//! shows (the entity one more hop would have searched: the chain's end) and
-//! cites the first hit of each of its searches (the chain it followed). `mixture` draws one strategy per episode from the
+//! shows (the entity one more hop would have searched: the chain's end;
+//! an exploring strategy draws it like a hop) and cites the first hit of
+//! each of its searches (the chain it followed). `mixture` draws one strategy per episode from the
 //! episode's seed, among those whose tool is offered: how many hops, and
 //! whether each hop follows the most salient bridge or explores one of the
 //! [`EXPLORED`] most salient (drawn per hop from the seed). Which choice
@@ -175,18 +176,16 @@ impl Teacher {
     /// search's first, then the hits ranked below those shown
     /// (`sleuth_chat::observation::ranking`). The ids it saw, listed, would
     /// rank fewer documents, in more tokens, with ids to copy wrong.
-    /// In words: the latest results' most salient bridge (the title of
-    /// their first hit when they show none), citing the chain.
+    /// In words: the bridge the strategy would follow next (the most
+    /// salient, or for an exploring strategy one of the [`EXPLORED`] most
+    /// salient, drawn from the seed), or the title of the latest first hit
+    /// when the results show none; citing the chain.
     fn submit(&self, stats: &WordStats) -> String {
         if !self.in_words {
             return call(SUBMIT_TOOL, &json!({}));
         }
-        let known: Vec<String> = std::iter::once(&self.question).chain(&self.searched).cloned().collect();
-        let answer = bridges(&self.latest, &known, stats)
-            .into_iter()
-            .next()
-            .or_else(|| self.latest.first().map(|hit| hit.title.clone()))
-            .unwrap_or_default();
+        let answer =
+            self.bridge(stats).or_else(|| self.latest.first().map(|hit| hit.title.clone())).unwrap_or_default();
         call(SUBMIT_ANSWER, &json!({"answer": answer.trim(), "citations": self.chain}))
     }
 }
