@@ -134,6 +134,21 @@ async fn an_answer_run_trains_on_cited_answers_and_reports_every_answer_metric()
         }
     }
 
+    // The dashboard shows a trained episode's answer beside the reference,
+    // each citation marked.
+    let (episode_id, reward): (String, f64) = sqlx::query_as(
+        "SELECT e.episode_id, e.reward FROM run_episodes e JOIN learner_groups g ON g.run_id = e.run_id AND g.group_id = e.group_id
+         WHERE e.run_id = $1 AND g.disposition = 'trained' ORDER BY e.reward DESC, e.episode_id LIMIT 1",
+    )
+    .bind(RUN)
+    .fetch_one(database.pool())
+    .await?;
+    let base = format!("http://{}", orchestrator.dashboard.as_deref().context("the orchestrator's dashboard")?);
+    let page = Browser::find()?.dom(&format!("{base}/runs/{RUN}/episodes/{episode_id}")).await?;
+    assert!(page.contains("<h2>Answer</h2>") && page.contains("class=\"reference\""), "{page}");
+    assert!(reward > 0.0 && page.contains("class=\"judged\""), "a rewarded answer cites a relevant document: {page}");
+    assert!(!page.contains("Submitted ranking"), "an answer episode shows no ranking: {page}");
+
     // `sleuth eval` scores the teacher under the run's agent and reward,
     // and `sleuth compare` pairs it with itself on answer F1.
     let sleuth = |args: &[&str]| -> Result<String> {

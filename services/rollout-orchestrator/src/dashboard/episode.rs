@@ -1,6 +1,7 @@
 //! An episode's page: the task, how it ended and its reward; what the
 //! learner did with its group and the advantage it trained it with; the
-//! submitted ranking with the judged documents marked; every turn's
+//! submitted ranking with the judged documents marked, or the answer in
+//! words beside the reference answers with each citation marked; every turn's
 //! messages and tool calls with their observations; and the token view of
 //! its trace, trained tokens marked, each token's logprob and policy version
 //! on hover.
@@ -53,7 +54,14 @@ pub async fn show(
     summary(&mut body, &group, episode, &task);
     learning(&mut body, &spec, &group, episode, taken.as_ref());
     let this = &group.episodes[episode];
-    ranking(&mut body, this, &task);
+    // An answer task shows its answer; a ranking task, or an answer task's
+    // episode that ranked instead, its ranking.
+    if !this.answer.is_empty() || !task.answers.is_empty() {
+        answer(&mut body, this, &task);
+    }
+    if !this.ranking.is_empty() || task.answers.is_empty() {
+        ranking(&mut body, this, &task);
+    }
     messages(&mut body, this);
     tokens(&mut body, this, dashboard.tokenizer(&spec).as_deref());
     Ok(page(&title, &body))
@@ -168,6 +176,43 @@ fn ranking(body: &mut String, episode: &Episode, task: &Task) {
     missed.sort();
     if !missed.is_empty() {
         let _ = write!(body, "<p>Judged relevant, not submitted: {}</p>", missed.join(", "));
+    }
+}
+
+/// The answer beside the references, and each citation: judged relevant
+/// (and its grade), not relevant, or never shown by a tool (which never
+/// counts, docs/rewards.md); then the relevant documents it did not cite.
+fn answer(body: &mut String, episode: &Episode, task: &Task) {
+    let answered = if episode.answer.is_empty() { "<i>no answer</i>".to_owned() } else { escape(&episode.answer) };
+    let references: Vec<String> = task.answers.iter().map(|a| escape(a)).collect();
+    let _ = write!(
+        body,
+        "<h2>Answer</h2><table><tr><th>answer</th><td class=answer>{answered}</td></tr>         <tr><th>reference</th><td class=reference>{}</td></tr></table>",
+        if references.is_empty() { "<i>none</i>".to_owned() } else { references.join(" · ") }
+    );
+    let _ = write!(body, "<h3>Citations ({})</h3>", episode.citations.len());
+    if !episode.citations.is_empty() {
+        body.push_str("<ol>");
+        for doc in &episode.citations {
+            let grade = task.qrels.get(doc).copied().unwrap_or(0);
+            let (class, note) = match (episode.shown_doc_ids.contains(doc), grade) {
+                (false, _) => ("unseen", "never shown by a tool: does not count".to_owned()),
+                (true, grade) if grade > 0 => ("judged", format!("relevance {grade}")),
+                (true, _) => ("cited", "not judged relevant".to_owned()),
+            };
+            let _ = write!(body, "<li class={class}>{} ({note})</li>", escape(doc));
+        }
+        body.push_str("</ol>");
+    }
+    let mut uncited: Vec<String> = task
+        .qrels
+        .iter()
+        .filter(|&(doc, &grade)| grade > 0 && !episode.citations.contains(doc))
+        .map(|(doc, grade)| format!("{} ({grade})", escape(doc)))
+        .collect();
+    uncited.sort();
+    if !uncited.is_empty() {
+        let _ = write!(body, "<p>Judged relevant, not cited: {}</p>", uncited.join(", "));
     }
 }
 

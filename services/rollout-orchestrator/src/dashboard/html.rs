@@ -67,6 +67,7 @@ figcaption{font-weight:600}
 .tok{border-radius:2px}.tok.trained{background:#c9f0cf;outline:1px solid #7fcf8c}
 .tok.prompt{color:#6b7385}.tok.observation{background:#eef1f5}
 .judged{background:#c9f0cf}
+.unseen{background:#f6d2cf;text-decoration:line-through}
 .good{color:#137333}.bad{color:#b3261e}
 .pager a{margin-right:12px}
 header form.out{display:inline;float:right}
