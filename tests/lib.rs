@@ -21,9 +21,11 @@ pub struct ServiceProcess {
     pub name: &'static str,
     /// Address it listens on, from its "listening" log line.
     pub addr: String,
-    /// The orchestrator's web dashboard (`http://` + this), from its
-    /// "dashboard listening" log line; None for the other services.
-    pub dashboard: Option<String>,
+    /// Its HTTP address (`http://` + this): the orchestrator's dashboard or
+    /// the inference gateway's OpenAI-compatible door, from its "dashboard
+    /// listening" or "openai-compatible http listening" log line; None for
+    /// the other services.
+    pub http: Option<String>,
     child: Child,
     log: Arc<Mutex<Vec<String>>>,
 }
@@ -51,21 +53,24 @@ impl ServiceProcess {
         let log = Arc::new(Mutex::new(Vec::new()));
         let (addr_tx, addr_rx) = mpsc::channel();
         let lines = log.clone();
-        let dashboard = Arc::new(Mutex::new(None));
-        let dashboard_addr = dashboard.clone();
+        let http = Arc::new(Mutex::new(None));
+        let http_addr = http.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 if let Some(addr) = listening_addr(&line, "listening") {
                     let _ = addr_tx.send(addr);
-                } else if let Some(addr) = listening_addr(&line, "dashboard listening") {
-                    *dashboard_addr.lock().unwrap() = Some(addr);
+                } else if let Some(addr) = ["dashboard listening", "openai-compatible http listening"]
+                    .into_iter()
+                    .find_map(|message| listening_addr(&line, message))
+                {
+                    *http_addr.lock().unwrap() = Some(addr);
                 }
                 lines.lock().unwrap().push(line);
             }
         });
         match addr_rx.recv_timeout(Duration::from_secs(60)) {
-            // The dashboard binds before the gRPC port, so its line came first.
-            Ok(addr) => Ok(Self { name, addr, dashboard: dashboard.lock().unwrap().clone(), child, log }),
+            // The HTTP port binds before the gRPC port, so its line came first.
+            Ok(addr) => Ok(Self { name, addr, http: http.lock().unwrap().clone(), child, log }),
             Err(_) => {
                 let _ = child.kill();
                 bail!("{name} did not log that it was listening; log:\n{}", log.lock().unwrap().join("\n"))

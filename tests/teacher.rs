@@ -351,7 +351,7 @@ async fn the_dashboard_shows_the_runs(
     entries: &BTreeMap<String, sleuth_proto::common::v1::TrajectoryGroup>,
     steps: usize,
 ) -> Result<()> {
-    let base = format!("http://{}", orchestrator.dashboard.as_deref().context("the orchestrator's dashboard")?);
+    let base = format!("http://{}", orchestrator.http.as_deref().context("the orchestrator's dashboard")?);
     let browser = Browser::find()?;
     let out = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("dashboard");
     std::fs::create_dir_all(&out)?;

@@ -30,6 +30,11 @@ pub trait Reward: Send + Sync {
     fn headline(&self) -> &str;
     /// The episode's reward and metrics.
     fn score(&self, task: &Task, episode: &Episode) -> Scored;
+    /// Whether an episode needs a judge's verdict (its [`JUDGE`] metric)
+    /// before it is scored.
+    fn needs_judge(&self) -> bool {
+        false
+    }
     /// Whether `task` can be scored at all (an answer reward needs its
     /// reference answers); the error says what it lacks.
     fn check(&self, task: &Task) -> Result<(), String> {
@@ -127,7 +132,7 @@ impl Penalties {
 }
 
 /// The registered reward names, the default first.
-pub const REWARDS: [&str; 5] = [NDCG, ANSWER_F1, ANSWER_EM, CITATIONS, ANSWER_WITH_CITATIONS];
+pub const REWARDS: [&str; 6] = [NDCG, ANSWER_F1, ANSWER_EM, CITATIONS, ANSWER_WITH_CITATIONS, JUDGE];
 /// nDCG@10 of the submitted ranking (the default).
 pub const NDCG: &str = "ndcg@10";
 /// Token F1 of the submitted answer against the best reference answer.
@@ -138,6 +143,10 @@ pub const ANSWER_EM: &str = "answer_em";
 pub const CITATIONS: &str = "citations";
 /// Answer F1 times citation F1: right in words and in sources.
 pub const ANSWER_WITH_CITATIONS: &str = "answer+citations";
+/// An LLM judge's verdict on the answer against the references, in [0, 1].
+/// The orchestrator asks the judge and sets the verdict as the episode's
+/// [`JUDGE`] metric before scoring (`Reward::needs_judge`).
+pub const JUDGE: &str = "judge";
 
 /// The reward `name` names (empty: [`NDCG`]) with `overrides` of the
 /// outcome penalties; an error names the bad field (`name`,
@@ -150,6 +159,7 @@ pub fn named(name: &str, overrides: &BTreeMap<String, f64>) -> Result<Arc<dyn Re
         ANSWER_EM => Arc::new(AnswerReward { scored: AnswerScore::ExactMatch, penalties }),
         CITATIONS => Arc::new(AnswerReward { scored: AnswerScore::Citations, penalties }),
         ANSWER_WITH_CITATIONS => Arc::new(AnswerReward { scored: AnswerScore::WithCitations, penalties }),
+        JUDGE => Arc::new(AnswerReward { scored: AnswerScore::Judge, penalties }),
         other => return Err(format!("name {other:?} is not a registered reward ({})", REWARDS.join(", "))),
     })
 }
@@ -196,13 +206,15 @@ enum AnswerScore {
     ExactMatch,
     Citations,
     WithCitations,
+    Judge,
 }
 
 /// Rewards of answers in words with citations ([`crate::answer`]). Every
 /// one records all the answer metrics (`answer_f1`, `answer_em`,
 /// `citation_precision`, `citation_recall`, `citation_f1`,
-/// `citations_unseen`, `answer+citations`), all 0 for an episode that did
-/// not complete, which gets its outcome's penalty as reward.
+/// `citations_unseen`, `answer+citations`, and `judge` for the judge
+/// reward), all 0 for an episode that did not complete, which gets its
+/// outcome's penalty as reward.
 #[derive(Debug, Clone)]
 pub struct AnswerReward {
     scored: AnswerScore,
@@ -216,7 +228,12 @@ impl Reward for AnswerReward {
             AnswerScore::ExactMatch => ANSWER_EM,
             AnswerScore::Citations => CITATIONS,
             AnswerScore::WithCitations => ANSWER_WITH_CITATIONS,
+            AnswerScore::Judge => JUDGE,
         }
+    }
+
+    fn needs_judge(&self) -> bool {
+        self.scored == AnswerScore::Judge
     }
 
     fn headline(&self) -> &str {
@@ -231,7 +248,9 @@ impl Reward for AnswerReward {
             AnswerScore::Citations if !task.qrels.values().any(|&grade| grade >= 1) => {
                 Err("it has no relevant document to cite".into())
             }
-            AnswerScore::F1 | AnswerScore::ExactMatch | AnswerScore::WithCitations if task.answers.is_empty() => {
+            AnswerScore::F1 | AnswerScore::ExactMatch | AnswerScore::WithCitations | AnswerScore::Judge
+                if task.answers.is_empty() =>
+            {
                 Err("it has no reference answer (metadata.answers in queries.jsonl)".into())
             }
             _ => Ok(()),
@@ -251,7 +270,13 @@ impl Reward for AnswerReward {
             (0.0, 0.0, answer::CitationScore::default())
         };
         let combined = f1 * cited.f1;
-        let metrics: BTreeMap<String, f64> = [
+        // The judge's verdict, which the orchestrator set before scoring; an
+        // episode that did not complete, or did not answer, was not judged.
+        let verdict = match self.scored {
+            AnswerScore::Judge if completed => episode.metrics.get(JUDGE).copied().unwrap_or(0.0),
+            _ => 0.0,
+        };
+        let mut metrics: BTreeMap<String, f64> = [
             (ANSWER_F1, f1),
             (ANSWER_EM, em),
             ("citation_precision", cited.precision),
@@ -263,6 +288,9 @@ impl Reward for AnswerReward {
         .into_iter()
         .map(|(name, value)| (name.to_owned(), value))
         .collect();
+        if self.needs_judge() {
+            metrics.insert(JUDGE.to_owned(), verdict);
+        }
         let reward = if completed { metrics[self.headline()] } else { self.penalties.of(episode.outcome()) };
         Scored { reward, metrics }
     }

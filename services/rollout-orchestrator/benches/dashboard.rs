@@ -262,8 +262,13 @@ async fn main() -> anyhow::Result<()> {
         started.elapsed().as_secs_f64()
     );
     let workers = Workers::new(&[], None, Duration::from_secs(1))?;
-    let evaluator =
-        Evaluator { tools: None, workers: workers.clone(), report_dir: reports.clone(), jobs: Arc::default() };
+    let evaluator = Evaluator {
+        tools: None,
+        workers: workers.clone(),
+        report_dir: reports.clone(),
+        jobs: Arc::default(),
+        judge: None,
+    };
     let runner =
         Runner::new(state, RedisStore::open("redis://127.0.0.1:9/0")?, workers, evaluator, Duration::from_secs(1));
     let router = Dashboard::new(runner, database, reports, None).router(None);

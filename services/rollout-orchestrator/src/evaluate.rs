@@ -23,6 +23,7 @@ use sleuth_proto::rollout::v1::{EvaluateRequest, Evaluation, RunStatus, TaskMetr
 use sleuth_proto::tools::v1::tool_gateway_client::ToolGatewayClient;
 use sleuth_proto::tools::v1::{SearchMethod, SearchRequest};
 
+use crate::scoring::Scorer;
 use crate::workers::Workers;
 
 /// Tasks evaluated at once.
@@ -143,9 +144,16 @@ pub struct Evaluator {
     pub workers: Workers,
     pub report_dir: PathBuf,
     pub jobs: Arc<Mutex<BTreeMap<String, Evaluation>>>,
+    /// The judge of the `judge` reward, when one is configured.
+    pub judge: Option<Arc<crate::judge::Judge>>,
 }
 
 impl Evaluator {
+    /// The scorer of `spec` with this orchestrator's judge.
+    pub fn scorer(&self, spec: Option<&sleuth_proto::rollout::v1::RewardSpec>) -> Result<Scorer, String> {
+        Scorer::of_spec(spec, self.judge.as_ref())
+    }
+
     pub fn get(&self, id: &str) -> Option<Evaluation> {
         self.jobs.lock().expect("jobs").get(id).cloned()
     }
@@ -159,9 +167,9 @@ impl Evaluator {
         let contender = Contender::parse(&request.policy.as_ref().map(|p| p.model_uri.clone()).unwrap_or_default())?;
         let set = request.tasks.clone().ok_or("tasks is required")?;
         let tasks = crate::tasks::load(&set, "tasks")?;
-        let reward = sleuth_metrics::reward::of_spec(request.reward.as_ref()).map_err(|e| format!("reward.{e}"))?;
+        let scorer = self.scorer(request.reward.as_ref()).map_err(|e| format!("reward.{e}"))?;
         if matches!(contender, Contender::Policy) {
-            sleuth_metrics::reward::check_tasks(reward.as_ref(), &tasks).map_err(|e| format!("tasks: {e}"))?;
+            sleuth_metrics::reward::check_tasks(scorer.reward(), &tasks).map_err(|e| format!("tasks: {e}"))?;
         }
         if matches!(contender, Contender::Baseline(_)) && self.tools.is_none() {
             return Err("baselines need the orchestrator's tool_gateway address (SLEUTH_TOOL_GATEWAY)".into());
@@ -177,7 +185,7 @@ impl Evaluator {
         self.jobs.lock().expect("jobs").insert(id.clone(), evaluation.clone());
         let evaluator = self.clone();
         tokio::spawn(async move {
-            let result = evaluator.run(&id, contender, tasks, &request, &reward, None).await;
+            let result = evaluator.run(&id, contender, tasks, &request, &scorer, None).await;
             let mut jobs = evaluator.jobs.lock().expect("jobs");
             if let Some(job) = jobs.get_mut(&id) {
                 match result {
@@ -214,20 +222,20 @@ impl Evaluator {
         contender: Contender,
         tasks: Vec<Task>,
         request: &EvaluateRequest,
-        reward: &Arc<dyn Reward>,
+        scorer: &Scorer,
         of_run: Option<&str>,
     ) -> Result<Outcome, String> {
         let of_run = of_run.map(str::to_owned);
         let samples = request.samples_per_task.max(1);
         let scored: Vec<Result<Scored, String>> = futures::stream::iter(tasks)
             .map(|task| {
-                let (this, id, request, reward) = (self.clone(), id.to_owned(), request.clone(), reward.clone());
+                let (this, id, request, scorer) = (self.clone(), id.to_owned(), request.clone(), scorer.clone());
                 let of_run = of_run.clone();
                 async move {
                     let scored = match contender {
                         Contender::Baseline(method) => this.baseline(&task, method).await,
                         Contender::Policy => {
-                            this.policy(&id, of_run.as_deref(), &task, samples, &request, &reward).await
+                            this.policy(&id, of_run.as_deref(), &task, samples, &request, &scorer).await
                         }
                     };
                     if let Some(job) = this.jobs.lock().expect("jobs").get_mut(&id) {
@@ -279,9 +287,9 @@ impl Evaluator {
         task: &Task,
         samples: u32,
         request: &EvaluateRequest,
-        reward: &Arc<dyn Reward>,
+        scorer: &Scorer,
     ) -> Result<Scored, String> {
-        let mut scored = Scored::new(&task.task_id, reward.headline());
+        let mut scored = Scored::new(&task.task_id, scorer.reward().headline());
         for sample in 0..samples {
             let episode_request = RunEpisodeRequest {
                 // The inference gateway serves a run's turns by its current weights or newer.
@@ -294,12 +302,14 @@ impl Evaluator {
             let attempt = |i: usize| format!("{id}-{}-{sample}-{i}", task.task_id);
             // The policy's failures count (0 nDCG, by outcome); the
             // infrastructure's are rerun, or fail the job, never counted.
-            let episode = self
+            let mut episode = self
                 .workers
                 .run_to_policy_outcome(episode_request, attempt)
                 .await
                 .map_err(|why| format!("task {}: {why}", task.task_id))?;
-            scored.add(reward.score(task, &episode), &episode);
+            let score =
+                scorer.score(task, &mut episode).await.map_err(|why| format!("task {}: {why}", task.task_id))?;
+            scored.add(score, &episode);
             let sampled_by = episode
                 .trace
                 .iter()

@@ -9,11 +9,14 @@
 //! - [`runs`]: driving a run (concurrency, staleness gate, exactly-once publication);
 //! - [`state`]: runs, groups and episodes in SQL;
 //! - [`evaluate`]: evaluation jobs (a policy or a retrieval baseline);
+//! - [`scoring`]: the reward a spec names, and [`judge`], the LLM judge of answers;
 //! - [`dashboard`]: the web pages of runs, curves, episodes and evaluations.
 
 pub mod dashboard;
 pub mod evaluate;
+pub mod judge;
 pub mod runs;
+pub mod scoring;
 pub mod spec;
 pub mod state;
 pub mod tasks;
@@ -83,6 +86,10 @@ pub struct Config {
     #[arg(long, env = "SLEUTH_FAULT_PATIENCE", default_value = "2m", value_parser = humantime::parse_duration)]
     pub fault_patience: std::time::Duration,
 
+    /// The LLM judge of the `judge` reward.
+    #[command(flatten)]
+    pub judge: judge::JudgeArgs,
+
     /// The token that alone opens administration (see `sleuth_kit::auth`).
     #[command(flatten)]
     pub admin: sleuth_kit::AdminTokenArgs,
@@ -143,6 +150,8 @@ impl RolloutOrchestrator for Handlers {
         let request = request.into_inner();
         let spec = request.spec.ok_or_else(|| Status::invalid_argument("spec is required"))?;
         spec::validate(&spec).map_err(Status::invalid_argument)?;
+        scoring::Scorer::of_spec(spec.reward.as_ref(), self.runner.evaluator.judge.as_ref())
+            .map_err(|e| Status::invalid_argument(format!("spec.reward.{e}")))?;
         let run_id = if request.run_id.is_empty() {
             let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
             format!("run-{nanos:x}")
@@ -327,6 +336,8 @@ pub async fn run(
         workers: workers.clone(),
         report_dir: config.report_dir.clone(),
         jobs: Arc::new(Mutex::default()),
+        judge: judge::Judge::from_args(&config.judge)
+            .map_err(|message| KitError::Config { field: "judge", message })?,
     };
     let runner = Runner::new(state.clone(), redis.clone(), workers, evaluator.clone(), config.fault_patience);
     let shutdown = sleuth_kit::shutdown::Shared::new(shutdown);

@@ -20,7 +20,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use prost::Message;
-use sleuth_metrics::reward::Reward;
 use sleuth_proto::agent::v1::{AgentConfig, RunEpisodeRequest};
 use sleuth_proto::common::v1::{Episode, Task, TrajectoryGroup};
 use sleuth_proto::rollout::v1::{EpisodeSummary, Run, RunProgress, RunSpec, RunStatus};
@@ -194,7 +193,7 @@ impl Runner {
     async fn drive(&self, run_id: &str, spec: &RunSpec, mut cancelled: watch::Receiver<bool>) -> Result<(), String> {
         let train = spec.train.as_ref().ok_or("spec.train is required")?;
         let tasks = crate::tasks::load(train, "spec.train")?;
-        let reward = sleuth_metrics::reward::of_spec(spec.reward.as_ref()).map_err(|e| format!("spec.reward.{e}"))?;
+        let scorer = self.evaluator.scorer(spec.reward.as_ref()).map_err(|e| format!("spec.reward.{e}"))?;
         let epochs = spec.max_epochs.max(1) as usize;
         let batch = spec.global_batch_size.max(1) as usize;
         let groups_total = (tasks.len() * epochs) as u64;
@@ -275,11 +274,11 @@ impl Runner {
                     break 'outer;
                 }
                 let runner = self.clone();
-                let (run_id, spec, task, slots, reward) =
-                    (run_id.to_owned(), spec.clone(), task.clone(), slots.clone(), reward.clone());
+                let (run_id, spec, task, slots, scorer) =
+                    (run_id.to_owned(), spec.clone(), task.clone(), slots.clone(), scorer.clone());
                 let cancel = cancelled.clone();
                 groups.spawn(async move {
-                    runner.group(&run_id, &spec, &task, epoch, group_id, version, slots, reward.as_ref(), cancel).await
+                    runner.group(&run_id, &spec, &task, epoch, group_id, version, slots, &scorer, cancel).await
                 });
                 // Surface failures early instead of after the whole epoch.
                 while let Some(done) = groups.try_join_next() {
@@ -311,7 +310,7 @@ impl Runner {
         group_id: String,
         version: u64,
         slots: Arc<Semaphore>,
-        reward: &dyn Reward,
+        scorer: &crate::scoring::Scorer,
         mut cancelled: watch::Receiver<bool>,
     ) -> Result<(), String> {
         let size = spec.group_size.max(1);
@@ -346,7 +345,7 @@ impl Runner {
         let mut episodes = episodes?;
         episodes.sort_by_key(|e| e.sample_index);
         for episode in &mut episodes {
-            let scored = reward.score(task, episode);
+            let scored = scorer.score(task, episode).await?;
             episode.reward = scored.reward;
             episode.metrics = scored.metrics.into_iter().collect();
             let summary = EpisodeSummary {

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use sleuth_metrics::reward::Reward;
+use crate::scoring::Scorer;
 use sleuth_proto::common::v1::{SamplingParams, Task};
 use sleuth_proto::rollout::v1::{EvaluateRequest, RunSpec, Validation};
 use sleuth_store::trajectories;
@@ -39,7 +39,7 @@ pub struct Validator {
     run_id: String,
     tasks: Vec<Task>,
     request: EvaluateRequest,
-    reward: Arc<dyn Reward>,
+    scorer: Scorer,
     eval_every: u64,
     /// The groups the run publishes in all: the learner has made its last
     /// step once it has taken them all.
@@ -77,13 +77,13 @@ impl Validator {
             samples_per_task: 1,
             reward: spec.reward.clone(),
         };
-        let reward = sleuth_metrics::reward::of_spec(spec.reward.as_ref()).map_err(|e| format!("spec.reward.{e}"))?;
-        sleuth_metrics::reward::check_tasks(reward.as_ref(), &tasks).map_err(|e| format!("spec.validation: {e}"))?;
+        let scorer = evaluator.scorer(spec.reward.as_ref()).map_err(|e| format!("spec.reward.{e}"))?;
+        sleuth_metrics::reward::check_tasks(scorer.reward(), &tasks).map_err(|e| format!("spec.validation: {e}"))?;
         Ok(Some(Self {
             run_id: run_id.to_owned(),
             tasks,
             request,
-            reward,
+            scorer,
             eval_every,
             groups,
             first_version,
@@ -169,10 +169,10 @@ impl Validator {
         tracing::info!(run = %self.run_id, version, tasks = self.tasks.len(), "validating");
         let crate::evaluate::Outcome { metrics, .. } = self
             .evaluator
-            .run(&id, Contender::Policy, self.tasks.clone(), &self.request, &self.reward, Some(&self.run_id))
+            .run(&id, Contender::Policy, self.tasks.clone(), &self.request, &self.scorer, Some(&self.run_id))
             .await?;
         let score = metrics.get(sleuth_metrics::validation::CHOSEN_BY).copied().unwrap_or_default();
-        tracing::info!(run = %self.run_id, version, score, headline = self.reward.headline(), "validated");
+        tracing::info!(run = %self.run_id, version, score, headline = self.scorer.reward().headline(), "validated");
         // Turns are served by the run's current weights or newer, so the
         // label is the oldest; steps that land meanwhile show as newer ones.
         let served = |key| metrics.get(key).map(|&v| v as u64);

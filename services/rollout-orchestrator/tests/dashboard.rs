@@ -27,8 +27,13 @@ async fn dashboard(dir: &std::path::Path) -> Result<(Dashboard, State)> {
     let state = State::open(database.clone()).await?;
     let workers = Workers::new(&[], None, Duration::from_secs(1))?;
     let report_dir = dir.join("evaluations");
-    let evaluator =
-        Evaluator { tools: None, workers: workers.clone(), report_dir: report_dir.clone(), jobs: Arc::default() };
+    let evaluator = Evaluator {
+        tools: None,
+        workers: workers.clone(),
+        report_dir: report_dir.clone(),
+        jobs: Arc::default(),
+        judge: None,
+    };
     let runner = Runner::new(
         state.clone(),
         RedisStore::open("redis://127.0.0.1:9/0")?,
