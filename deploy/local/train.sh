@@ -22,6 +22,13 @@
 #      best version by validation, never by training reward), and print one
 #      table with nDCG@10 and its paired 95 % bootstrap interval against SFT.
 #
+# With --task answer the agent answers in words and cites documents
+# (`submit_answer`, reward `answer+citations`, docs/rewards.md): the fresh
+# policy's copy pre-training answers with the entities it copies, both runs
+# are rewarded by answer F1 x citation F1, and the tables compare answer F1,
+# citation F1 and their product (the search baselines rank, so they have no
+# row there).
+#
 # Usage (through make, which builds first and sets CARGO_TARGET_DIR):
 #   make train SOURCE=DIR COLLECTION=NAME [ARGS="--policy DIR --vectors ..."]
 #   deploy/local/train.sh --source DIR --collection NAME [options]
@@ -37,6 +44,7 @@
 #   --eval-limit N      validation and test questions used (default 0: all)
 #   --sft-epochs N      passes over SFT's half of the train questions (default 2)
 #   --grpo-epochs N     passes over GRPO's half with the policy (default 2)
+#   --task T            ranking (default) or answer (in words, with citations)
 # The collection needs qrels/train.tsv and qrels/test.tsv; without
 # qrels/validation.tsv a seventh of the train questions is held out to validate.
 #   SLEUTH_DEMO_BASE_PORT  first of the nine consecutive ports used (default 50051)
@@ -46,8 +54,8 @@ mesh_name=train
 source "$(dirname "$0")/mesh.sh"
 
 source="" collection="" policy="" work="" vectors=0 index_vectors=0
-copy_steps=800 train_limit=0 eval_limit=0 sft_epochs=2 grpo_epochs=2
-usage() { sed -n '2,42p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+copy_steps=800 train_limit=0 eval_limit=0 sft_epochs=2 grpo_epochs=2 task=ranking
+usage() { sed -n '2,50p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 while (($#)); do
   case "$1" in
     --source) source="$2"; shift 2 ;;
@@ -61,6 +69,7 @@ while (($#)); do
     --eval-limit) eval_limit="$2"; shift 2 ;;
     --sft-epochs) sft_epochs="$2"; shift 2 ;;
     --grpo-epochs) grpo_epochs="$2"; shift 2 ;;
+    --task) task="$2"; shift 2 ;;
     -h|--help) usage ;;
     *) echo "unknown option $1" >&2; usage ;;
   esac
@@ -74,6 +83,14 @@ source="$(realpath "$source")"
 # tool. The fresh policy is pre-trained with exactly these in its prompt.
 tools=bm25_search
 ((vectors)) && tools+=,vector_search
+# The run's reward, the metrics its table compares, and the metric that
+# chooses the scripted baseline on validation (`score`: the reward's
+# headline metric, nDCG@10 for rankings).
+case "$task" in
+  ranking) reward=ndcg@10 metrics=(ndcg@10) ;;
+  answer) tools+=,submit_answer reward=answer+citations metrics=(answer_f1 citation_f1 answer+citations) ;;
+  *) echo "--task $task: one of ranking, answer" >&2; exit 2 ;;
+esac
 work="$(realpath -m "${work:-$(mktemp -d -t sleuth-train-XXXXXX)}")"
 mkdir -p "$work"
 started=$(date +%s)
@@ -146,6 +163,7 @@ group_size: $3
 global_batch_size: 8
 rollout_max_concurrency: 16
 max_staleness: 1
+reward: {name: $reward}
 $4
 SPEC
 }
@@ -183,20 +201,22 @@ train sft "$(tail -n 8 "$work/sft.yaml")"
 # multi-hop search: the teacher's fixed strategy (bm25:0, 1 or 2 hops) that
 # scores best on the validation split, then evaluated once on test.
 # Every policy row runs with the SFT run's agent settings, greedy.
-evaluate bm25 --contender bm25
-evaluate rm3 --contender rm3
-((index_vectors)) && evaluate hybrid --contender hybrid
+if [[ "$task" == ranking ]]; then
+  evaluate bm25 --contender bm25
+  evaluate rm3 --contender rm3
+  ((index_vectors)) && evaluate hybrid --contender hybrid
+fi
 best_strategy="" best_score=-1
 for strategy in bm25:0 bm25:1 bm25:2; do
   say "[$(elapsed)] scripted $strategy on the validation split"
   score="$("$bin/sleuth" eval --source "$tasks" --collection "$collection" --split validation --limit "$eval_limit" \
-    --teacher "$strategy" --agent-from sft | awk '$1 == "ndcg@10" {print $2}')"
-  say "scripted $strategy: validation nDCG@10 ${score:-none}"
+    --teacher "$strategy" --agent-from sft | awk '$1 == "score" {print $2}')"
+  say "scripted $strategy: validation score (${metrics[0]}) ${score:-none}"
   [[ -n "$score" ]] && awk -v a="$score" -v b="$best_score" 'BEGIN {exit !(a > b)}' \
     && best_strategy="$strategy" best_score="$score"
 done
 [[ -n "$best_strategy" ]] || { say "no scripted strategy was scored on validation"; exit 1; }
-say "scripted baseline: $best_strategy (validation nDCG@10 $best_score)"
+say "scripted baseline: $best_strategy (validation score $best_score)"
 evaluate scripted --teacher "$best_strategy" --agent-from sft
 evaluate teacher --teacher mixture --agent-from sft
 serve "$policy"
@@ -231,7 +251,10 @@ serve "$grpo"
 evaluate grpo --agent-from sft
 
 say "[$(elapsed)] test split of $collection: each row against SFT, paired by question"
-"$bin/sleuth" compare --against sft "${rows[@]}" | tee "$work/table.txt"
+: >"$work/table.txt"
+for metric in "${metrics[@]}"; do
+  "$bin/sleuth" compare --metric "$metric" --against sft "${rows[@]}" | tee -a "$work/table.txt"
+done
 say "learning curves: $work/sft.png, $work/grpo.png; the table: $work/table.txt"
 say "SFT policy: $sft"
 say "GRPO policy: $grpo"

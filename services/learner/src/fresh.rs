@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use serde_json::json;
 use sleuth_beir::Document;
 use sleuth_chat::tool_calls::{CLOSE, OPEN};
-use sleuth_chat::tools::{READ_DOCUMENT, SEARCH_TOOLS, SUBMIT_RANKING};
+use sleuth_chat::tools::{READ_DOCUMENT, SEARCH_TOOLS, SUBMIT_ANSWER, SUBMIT_RANKING};
 use sleuth_model::export::{TinyShape, llama_config, write_random};
 use tokenizers::decoders::DecoderWrapper;
 use tokenizers::models::ModelWrapper;
@@ -144,7 +144,8 @@ pub fn init_policy(args: &FreshArgs) -> Result<Fresh, Error> {
         return Err(invalid(format!("--copy-lr {} must be a positive number", args.copy_lr)));
     }
     let (documents, questions, texts) = collection_text(&args.collection, &args.split)?;
-    let tokenizer = train_tokenizer(&texts, args.vocab_size as usize)?;
+    let in_words = args.tools.iter().any(|t| t == SUBMIT_ANSWER);
+    let tokenizer = train_tokenizer(&texts, args.vocab_size as usize, in_words)?;
     let scratch = tempfile::tempdir().map_err(|e| Error::Train(e.to_string()))?;
     write_tokenizer_files(&tokenizer, scratch.path())?;
     let id = |token: &str| tokenizer.token_to_id(token);
@@ -196,8 +197,9 @@ fn collection_text(collection: &Path, split: &str) -> Result<CollectionText, Err
 }
 
 /// A byte-level BPE of `vocab_size` tokens over `texts`: lossless on any
-/// text (every byte is a token), with the chat template's control tokens.
-fn train_tokenizer(texts: &[String], vocab_size: usize) -> Result<Tokenizer, Error> {
+/// text (every byte is a token), with the chat template's control tokens;
+/// `in_words`: `submit_answer` is a whole token too.
+fn train_tokenizer(texts: &[String], vocab_size: usize, in_words: bool) -> Result<Tokenizer, Error> {
     let failed = |e: tokenizers::Error| Error::Train(format!("training the tokenizer: {e}"));
     let byte_level = ByteLevel::new(false, true, true);
     let mut tokenizer: TokenizerImpl<
@@ -224,6 +226,9 @@ fn train_tokenizer(texts: &[String], vocab_size: usize) -> Result<Tokenizer, Err
         .into_iter()
         .chain(SEARCH_TOOLS)
         .chain([READ_DOCUMENT, SUBMIT_RANKING])
+        // Only for a policy that answers in words, so a ranking policy's
+        // vocabulary stays as it was.
+        .chain(in_words.then_some(SUBMIT_ANSWER))
         .map(|t| AddedToken::from(t, false))
         .collect();
     let mut trainer: TrainerWrapper = BpeTrainerBuilder::new()

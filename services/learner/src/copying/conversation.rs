@@ -8,7 +8,7 @@ use sleuth_beir::Document;
 use sleuth_chat::bridge::{WordStats, bridges};
 use sleuth_chat::observation::{Hit, SEARCH_HITS, parse_search_results, search_results, shorten};
 use sleuth_chat::tool_calls_text;
-use sleuth_chat::tools::{READ_DOCUMENT, SEARCH_TOOLS, SUBMIT_RANKING, ToolSchema};
+use sleuth_chat::tools::{READ_DOCUMENT, SEARCH_TOOLS, SUBMIT_ANSWER, SUBMIT_RANKING, ToolSchema};
 
 use crate::Error;
 use crate::batch::Sample;
@@ -107,17 +107,20 @@ impl Source {
 pub(crate) struct Offered {
     /// The search tools among them.
     searches: Vec<&'static str>,
+    /// The answer tool: `submit_answer` when named, else `submit_ranking`.
+    answer: &'static str,
     /// Every schema (the answer tool last), as OpenAI `tools` entries.
     pub schemas: Vec<Json>,
 }
 
 impl Offered {
-    /// `names` in the tool gateway's order, then the answer tool; an error
-    /// names a tool that is not the agent's, or a list without a search.
+    /// `names` in the tool gateway's order, then the answer tool
+    /// (`submit_answer` when `names` holds it, else `submit_ranking`); an
+    /// error names a tool that is not the agent's, or a list without a search.
     pub fn new(names: &[String]) -> Result<Self, Error> {
         if let Some(unknown) = names.iter().find(|n| ToolSchema::named(n).is_none() || *n == SUBMIT_RANKING) {
             return Err(Error::InvalidArgument(format!(
-                "--tools names {unknown:?}, not one of {}, {READ_DOCUMENT}",
+                "--tools names {unknown:?}, not one of {}, {READ_DOCUMENT}, {SUBMIT_ANSWER}",
                 SEARCH_TOOLS.join(", ")
             )));
         }
@@ -129,15 +132,16 @@ impl Offered {
                 SEARCH_TOOLS.join(", ")
             )));
         }
+        let answer = if offered(&SUBMIT_ANSWER) { SUBMIT_ANSWER } else { SUBMIT_RANKING };
         let schemas = SEARCH_TOOLS
             .into_iter()
             .chain([READ_DOCUMENT])
             .filter(offered)
-            .chain([SUBMIT_RANKING])
+            .chain([answer])
             .filter_map(ToolSchema::named)
             .map(|schema| schema.function())
             .collect();
-        Ok(Self { searches, schemas })
+        Ok(Self { searches, answer, schemas })
     }
 }
 
@@ -200,6 +204,9 @@ pub(crate) fn conversation(source: &Source, task: Task, draw: &mut Draw) -> (Vec
     }
     let mut queries = vec![question.clone()];
     let mut bridge = None;
+    // The first hit of each search: what an answer cites.
+    let mut chain: Vec<String> = Vec::new();
+    let mut first_title = String::new();
     for round in 0..1 + usize::from(draw.chance(35)) {
         let query = match (round, bridge.take()) {
             (0, _) | (_, None) => question.clone(),
@@ -214,13 +221,25 @@ pub(crate) fn conversation(source: &Source, task: Task, draw: &mut Draw) -> (Vec
         let observation = search_results(tool, &query, &hits);
         let listed = parse_search_results(&observation);
         bridge = bridges(&listed, &queries, &source.word_stats).into_iter().next();
+        if let Some(first) = listed.first() {
+            chain.push(first.id.clone());
+            first_title.clone_from(&first.title);
+        }
         messages.push(json!({"role": "assistant", "content": search(tool, &query)}));
         messages.push(json!({"role": "tool", "content": observation}));
         queries.push(query);
     }
-    let reply = match bridge {
-        Some(name) => search(tool, &name),
-        None => tool_calls_text(&[json!({"name": SUBMIT_RANKING, "arguments": {}})]),
+    // In words, half the bridges found are answered instead of searched:
+    // copying the entity into the answer, and the ids shown into its
+    // citations, is the skill an answer needs.
+    let answer = |text: &str| {
+        tool_calls_text(&[json!({"name": SUBMIT_ANSWER, "arguments": {"answer": text.trim(), "citations": chain}})])
+    };
+    let reply = match (bridge, source.tools.answer == SUBMIT_ANSWER) {
+        (Some(name), true) if draw.chance(50) => answer(&name),
+        (Some(name), _) => search(tool, &name),
+        (None, true) => answer(&first_title),
+        (None, false) => tool_calls_text(&[json!({"name": SUBMIT_RANKING, "arguments": {}})]),
     };
     (messages, reply)
 }
@@ -254,7 +273,7 @@ pub(crate) fn conversation_sample(
     // may merge the name with what follows, which then stays trained).
     let named = SEARCH_TOOLS
         .into_iter()
-        .chain([SUBMIT_RANKING])
+        .chain([SUBMIT_RANKING, SUBMIT_ANSWER])
         .filter_map(|name| reply.find(name).map(|at| at + name.len()))
         .min()
         .ok_or_else(|| Error::Train(format!("a rehearsed reply names no tool: {reply}")))?;
@@ -264,4 +283,55 @@ pub(crate) fn conversation_sample(
     let start = made.prompt.len();
     sample.mask[start..start + chosen].iter_mut().for_each(|m| *m = 0.0);
     Ok(sample)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn source(tools: &[&str]) -> Source {
+        let documents = (0..12)
+            .map(|i| Document {
+                id: format!("d{i}"),
+                title: format!("Varnok {i}"),
+                text: format!("Varnok {i} lives in Foukur{} and earns a living as a potter.", i % 3),
+            })
+            .collect();
+        let tools: Vec<String> = tools.iter().map(|t| (*t).to_owned()).collect();
+        Source::new(documents, vec!["Which town is Varnok from?".into()], Offered::new(&tools).unwrap())
+    }
+
+    #[test]
+    fn in_words_bridges_are_answered_citing_the_hits_shown() {
+        let words = source(&["bm25_search", "submit_answer"]);
+        assert_eq!(words.tools.schemas.last().unwrap()["function"]["name"], SUBMIT_ANSWER);
+        let mut draw = Draw::new(7);
+        let mut answered = 0;
+        for _ in 0..60 {
+            let (messages, reply) = conversation(&words, Task::Bridge, &mut draw);
+            assert!(!reply.contains(SUBMIT_RANKING), "{reply}");
+            let Some(call) = reply.strip_prefix("<tool_call>[").and_then(|r| r.strip_suffix("]</tool_call>")) else {
+                panic!("{reply}")
+            };
+            let call: Json = serde_json::from_str(call).unwrap();
+            if call["name"] != SUBMIT_ANSWER {
+                continue;
+            }
+            answered += 1;
+            let shown: String =
+                messages.iter().filter(|m| m["role"] == "tool").map(|m| m["content"].to_string()).collect();
+            let answer = call["arguments"]["answer"].as_str().unwrap();
+            assert!(!answer.is_empty() && shown.contains(answer), "{answer:?} not in {shown}");
+            for id in call["arguments"]["citations"].as_array().unwrap() {
+                assert!(shown.contains(&format!("doc_id: {}", id.as_str().unwrap())), "{id} not shown");
+            }
+        }
+        assert!(answered >= 10, "{answered} of 60 answered");
+        let ranked = source(&["bm25_search"]);
+        assert_eq!(ranked.tools.schemas.last().unwrap()["function"]["name"], SUBMIT_RANKING);
+        assert!(
+            Offered::new(&["bm25_search".into(), "submit_ranking".into()]).is_err(),
+            "the ranking tool is implicit"
+        );
+    }
 }
