@@ -167,15 +167,20 @@ fn ranking(body: &mut String, episode: &Episode, task: &Task) {
         }
         body.push_str("</ol>");
     }
+    missed(body, task, &episode.ranking, "submitted");
+}
+
+/// The task's relevant documents not among `listed`, with their grades.
+fn missed(body: &mut String, task: &Task, listed: &[String], verb: &str) {
     let mut missed: Vec<String> = task
         .qrels
         .iter()
-        .filter(|&(doc, &grade)| grade > 0 && !episode.ranking.contains(doc))
+        .filter(|&(doc, &grade)| grade > 0 && !listed.contains(doc))
         .map(|(doc, grade)| format!("{} ({grade})", escape(doc)))
         .collect();
     missed.sort();
     if !missed.is_empty() {
-        let _ = write!(body, "<p>Judged relevant, not submitted: {}</p>", missed.join(", "));
+        let _ = write!(body, "<p>Judged relevant, not {verb}: {}</p>", missed.join(", "));
     }
 }
 
@@ -204,16 +209,7 @@ fn answer(body: &mut String, episode: &Episode, task: &Task) {
         }
         body.push_str("</ol>");
     }
-    let mut uncited: Vec<String> = task
-        .qrels
-        .iter()
-        .filter(|&(doc, &grade)| grade > 0 && !episode.citations.contains(doc))
-        .map(|(doc, grade)| format!("{} ({grade})", escape(doc)))
-        .collect();
-    uncited.sort();
-    if !uncited.is_empty() {
-        let _ = write!(body, "<p>Judged relevant, not cited: {}</p>", uncited.join(", "));
-    }
+    missed(body, task, &episode.citations, "cited");
 }
 
 fn messages(body: &mut String, episode: &Episode) {
