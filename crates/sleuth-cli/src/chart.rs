@@ -1,6 +1,6 @@
 //! `sleuth run report`'s chart: a PNG of a run's learning curve against the
 //! policy version (= the learner's step): training reward and validation
-//! nDCG@10 above, failure rates (training and validation) below, the best
+//! score above, failure rates (training and validation) below, the best
 //! validated version marked. Text is drawn with a TrueType font from the
 //! system (`SLEUTH_FONT`, else DejaVu Sans or Arial where they usually are).
 
@@ -56,7 +56,7 @@ pub fn write_png(run: &pb::Run, path: &Path) -> Result<()> {
     };
     let scores: Vec<Series> = vec![
         ("training reward", BLUE, training(|t| t.reward_mean)),
-        ("validation nDCG@10", RED, validation(&|v| v.metrics.get("ndcg@10").copied().unwrap_or_default())),
+        ("validation score", RED, validation(&|v| sleuth_metrics::validation::score(v).unwrap_or_default())),
     ];
     let failures: Vec<Series> = vec![
         ("training failure rate", BLUE, training(|t| t.failure_rate)),
@@ -74,7 +74,7 @@ pub fn write_png(run: &pb::Run, path: &Path) -> Result<()> {
     let (top, bottom) = root.split_vertically(400);
     let low = scores.iter().flat_map(|(_, _, p)| p.iter().map(|p| p.1)).fold(0.0, f64::min).max(-1.0);
     // Legends where the curves usually are not: scores rise, failures fall.
-    panel(&top, "reward / nDCG@10", &scores, (last, low..1.0), SeriesLabelPosition::LowerRight, run)?;
+    panel(&top, "reward / nDCG@10 / score", &scores, (last, low..1.0), SeriesLabelPosition::LowerRight, run)?;
     panel(&bottom, "failure rate", &failures, (last, 0.0..1.0), SeriesLabelPosition::UpperRight, run)?;
     root.present().with_context(|| format!("writing {}", path.display()))?;
     Ok(())

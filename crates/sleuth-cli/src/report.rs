@@ -1,7 +1,7 @@
 //! `sleuth run report RUN`: a run's learning curve as one table, per policy
 //! version: the training episodes it sampled (reward, nDCG@10, failures) and
-//! its validation (nDCG@10, reward, failure rate, turns), the best validated
-//! version marked. `--csv` writes the same rows for plotting.
+//! its validation (score: the reward's headline metric, reward, failure
+//! rate, turns), the best validated version marked. `--csv` writes the same rows for plotting.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -36,7 +36,7 @@ fn cells(row: &Row<'_>) -> [Option<f64>; 8] {
         t.map(|t| t.reward_mean),
         t.map(|t| t.ndcg_mean),
         t.map(|t| t.failure_rate),
-        metric("ndcg@10"),
+        v.and_then(sleuth_metrics::validation::score),
         metric("reward"),
         v.map(|v| failure_rate(&v.metrics)),
         metric("turns"),
@@ -49,7 +49,7 @@ pub fn table(run: &pb::Run) -> String {
     let _ = writeln!(
         out,
         "{:>8}  {:>8} {:>8} {:>8} {:>8}  {:>9} {:>8} {:>8} {:>6}",
-        "version", "episodes", "reward", "nDCG@10", "failures", "val nDCG", "val rew", "val fail", "turns"
+        "version", "episodes", "reward", "nDCG@10", "failures", "val score", "val rew", "val fail", "turns"
     );
     for (version, row) in rows(run) {
         let [episodes, rest @ ..] = cells(&row);
@@ -71,7 +71,7 @@ pub fn table(run: &pb::Run) -> String {
     if run.validations.is_empty() {
         out.push_str("no validation yet (spec.validation and training.eval_every)\n");
     } else {
-        let _ = writeln!(out, "* best version by validation nDCG@10: {}", run.best_version);
+        let _ = writeln!(out, "* best version by validation score: {}", run.best_version);
     }
     out
 }
@@ -79,7 +79,7 @@ pub fn table(run: &pb::Run) -> String {
 /// The same rows as CSV (empty fields where a side is missing).
 pub fn csv(run: &pb::Run) -> String {
     let mut out = String::from(
-        "version,episodes,train_reward,train_ndcg,train_failure_rate,val_ndcg,val_reward,val_failure_rate,val_turns\n",
+        "version,episodes,train_reward,train_ndcg,train_failure_rate,val_score,val_reward,val_failure_rate,val_turns\n",
     );
     for (version, row) in rows(run) {
         let fields: Vec<String> = cells(&row).iter().map(|c| c.map(|v| v.to_string()).unwrap_or_default()).collect();
@@ -115,7 +115,7 @@ mod tests {
         assert_eq!(lines.len(), 5, "{table}");
         assert!(lines[1].trim_start().starts_with('0') && lines[1].contains("0.250"), "{table}");
         assert!(lines[3].ends_with(" *") && lines[3].contains("0.500"), "{table}");
-        assert!(lines[4].contains("best version by validation nDCG@10: 2"));
+        assert!(lines[4].contains("best version by validation score: 2"));
         let csv = csv(&run);
         assert_eq!(csv.lines().nth(3), Some("2,,,,,0.5,,0,"));
     }

@@ -13,13 +13,16 @@ pub const CHOSEN_BY: &str = "score";
 /// by (every run then was scored by nDCG@10).
 const CHOSEN_BY_BEFORE: &str = "ndcg@10";
 
+/// What `validation` is chosen by: its [`CHOSEN_BY`] score, or for one
+/// recorded before scores its nDCG@10.
+pub fn score(validation: &Validation) -> Option<f64> {
+    validation.metrics.get(CHOSEN_BY).or_else(|| validation.metrics.get(CHOSEN_BY_BEFORE)).copied()
+}
+
 /// Validated versions, best first: the highest score, the earliest of
 /// equals first (a later version must do better to be preferred).
 pub fn ranked_versions(validations: &[Validation]) -> Vec<u64> {
-    let score = |v: &Validation| {
-        let recorded = v.metrics.get(CHOSEN_BY).or_else(|| v.metrics.get(CHOSEN_BY_BEFORE));
-        recorded.copied().filter(|s| s.is_finite()).unwrap_or(f64::MIN)
-    };
+    let score = |v: &Validation| score(v).filter(|s| s.is_finite()).unwrap_or(f64::MIN);
     let mut ranked: Vec<&Validation> = validations.iter().collect();
     ranked.sort_by(|a, b| score(b).total_cmp(&score(a)).then(a.version.cmp(&b.version)));
     ranked.into_iter().map(|v| v.version).collect()

@@ -144,9 +144,12 @@ pub async fn show(
     );
     let curves = episode_curves(&counts);
     let mark = best.map(|v| (v as f64, "best"));
-    let validation = |metric: &str, name: &str| Series {
-        name: name.to_owned(),
-        points: validations.iter().filter_map(|v| v.metrics.get(metric).map(|&m| (v.version as f64, m))).collect(),
+    let validation_score = Series {
+        name: "validation score".to_owned(),
+        points: validations
+            .iter()
+            .filter_map(|v| sleuth_metrics::validation::score(v).map(|m| (v.version as f64, m)))
+            .collect(),
     };
     let validation_failures = Series {
         name: "validation failures".into(),
@@ -162,8 +165,8 @@ pub async fn show(
         Chart { metric: "reward", title: "Training reward", series: vec![curves.reward], mark },
         Chart {
             metric: "ndcg",
-            title: "nDCG@10: validation and training",
-            series: vec![validation("ndcg@10", "validation nDCG@10"), curves.ndcg],
+            title: "Validation score (the reward's headline metric) and training nDCG@10",
+            series: vec![validation_score, curves.ndcg],
             mark,
         },
         Chart {
@@ -207,7 +210,7 @@ pub async fn show(
     }
     let _ = write!(
         body,
-        " · {} training episodes · {} learner steps recorded · best checkpoint by validation nDCG@10: {}</p>",
+        " · {} training episodes · {} learner steps recorded · best checkpoint by validation score: {}</p>",
         curves.total,
         steps.len(),
         best.map_or_else(|| "none yet".to_owned(), |v| format!("version {v}"))
@@ -231,7 +234,7 @@ fn validations_table(body: &mut String, validations: &[sleuth_proto::rollout::v1
         return;
     }
     body.push_str(
-        "<table><tr><th>version</th><th>nDCG@10</th><th>reward</th><th>failures</th><th>turns</th><th>tokens</th><th>evaluation</th></tr>",
+        "<table><tr><th>version</th><th>score</th><th>reward</th><th>failures</th><th>turns</th><th>tokens</th><th>evaluation</th></tr>",
     );
     for v in validations {
         let metric = |name: &str| number(v.metrics.get(name).copied());
@@ -241,7 +244,7 @@ fn validations_table(body: &mut String, validations: &[sleuth_proto::rollout::v1
             "<tr><td class=n>{}{}</td><td class=n>{}</td><td class=n>{}</td><td class=n>{}</td><td class=n>{}</td><td class=n>{}</td><td>{}</td></tr>",
             v.version,
             if Some(v.version) == best { " ★ best" } else { "" },
-            metric("ndcg@10"),
+            number(sleuth_metrics::validation::score(v)),
             metric("reward"),
             number(Some(failures)),
             metric("turns"),
