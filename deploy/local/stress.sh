@@ -23,6 +23,7 @@ tests=(
   'package(sleuth-tests) & test(=a_failed_run_resumes_where_it_stopped)'
   'package(sleuth-tests) & test(=runs_survive_a_dead_worker_and_an_orchestrator_restart)'
   'package(sleuth-tests) & test(=a_training_run_closes_the_loop_through_faults)'
+  'package(sleuth-tests) & test(=a_cancelled_runs_learner_trains_what_was_published_and_exits)'
   'package(learner) & test(=a_killed_learner_resumes_to_the_uninterrupted_result)'
   'package(inference-gateway) & test(=turns_are_recorded_token_for_token_and_survive_a_restart)'
   'package(inference-gateway) & test(=episodes_stick_to_a_replica_and_fail_over_when_it_dies)'

@@ -12,7 +12,7 @@
 use std::time::{Duration, Instant};
 
 use sleuth_proto::rollout::v1::rollout_orchestrator_client::RolloutOrchestratorClient;
-use sleuth_proto::rollout::v1::{GetRunRequest, RunSpec};
+use sleuth_proto::rollout::v1::{GetRunRequest, RunProgress, RunSpec, RunStatus};
 use tonic::Code;
 
 use crate::{Config, Error};
@@ -92,18 +92,16 @@ impl RunRecord {
     }
 
     /// The number of groups the run published, once they are all it will
-    /// publish: it succeeded, or it runs with every group out (it then waits
-    /// for the learner's last step to validate it); `None` while groups are
-    /// still to come, after a failure (the run may be resumed) or when the
-    /// orchestrator cannot be asked (the learner asks again).
+    /// publish: it succeeded, it was cancelled (it publishes nothing more;
+    /// the learner trains what it did publish and exits), or it runs with
+    /// every group out (it then waits for the learner's last step to
+    /// validate it); `None` while groups are still to come, after a failure
+    /// (the run may be resumed) or when the orchestrator cannot be asked
+    /// (the learner asks again).
     pub async fn groups_published(&self) -> Option<u64> {
-        use sleuth_proto::rollout::v1::RunStatus;
         let run = self.get("whether the run is over").await?;
         let progress = run.progress.unwrap_or_default();
-        let all_out = run.status == RunStatus::Running as i32
-            && progress.groups_total > 0
-            && progress.groups_published >= progress.groups_total;
-        (run.status == RunStatus::Succeeded as i32 || all_out).then_some(progress.groups_published)
+        over(RunStatus::try_from(run.status).unwrap_or_default(), &progress).then_some(progress.groups_published)
     }
 
     /// The steps the run takes if every group it publishes trains: its
@@ -118,6 +116,16 @@ impl RunRecord {
     /// validates and has validated one.
     pub async fn best_version(&self) -> Option<u64> {
         Some(self.get("which version validation chose").await?.best_version).filter(|version| *version > 0)
+    }
+}
+
+/// Whether a run in `status` with `progress` publishes no more groups.
+fn over(status: RunStatus, progress: &RunProgress) -> bool {
+    let all_out = progress.groups_total > 0 && progress.groups_published >= progress.groups_total;
+    match status {
+        RunStatus::Succeeded | RunStatus::Cancelled => true,
+        RunStatus::Running => all_out,
+        RunStatus::Unspecified | RunStatus::Pending | RunStatus::Failed => false,
     }
 }
 
@@ -198,6 +206,17 @@ mod tests {
 
     fn config(extra: &[&str]) -> Result<Config, clap::Error> {
         Config::try_parse_from([&["learner", "--run-id", "r", "--orchestrator", "127.0.0.1:50051"], extra].concat())
+    }
+
+    #[test]
+    fn a_run_is_over_once_it_publishes_nothing_more() {
+        let out = RunProgress { groups_total: 4, groups_published: 4, ..Default::default() };
+        let coming = RunProgress { groups_total: 4, groups_published: 2, ..Default::default() };
+        assert!(over(RunStatus::Succeeded, &out) && over(RunStatus::Running, &out));
+        assert!(over(RunStatus::Cancelled, &coming), "a cancelled run publishes nothing more");
+        assert!(!over(RunStatus::Running, &coming) && !over(RunStatus::Pending, &coming));
+        assert!(!over(RunStatus::Failed, &coming), "a failed run may be resumed");
+        assert!(!over(RunStatus::Running, &RunProgress::default()), "not counted yet");
     }
 
     #[test]

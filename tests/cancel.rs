@@ -1,0 +1,83 @@
+//! Cancelling a run through the real mesh: its learner trains what the run
+//! published before the cancel, seals its checkpoint and exits cleanly,
+//! instead of waiting for groups that will never come.
+
+use std::time::Duration;
+
+use anyhow::Result;
+use sleuth_proto::agent::v1::AgentConfig;
+use sleuth_proto::common::v1::AgentBudget;
+use sleuth_proto::rollout::v1 as rollout;
+use sleuth_tests::fixture::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_runs_learner_trains_what_was_published_and_exits() -> Result<()> {
+    const RUN: &str = "cancelled";
+    let scratch = tempfile::tempdir()?;
+    let (index, _) = small_synth(scratch.path())?;
+    let tiny = scratch.path().join("tiny");
+    sleuth_model::export::write_random_llama(&sleuth_testkit::smollm2()?, &tiny, Default::default(), 7)?;
+    let mesh = Mesh::with_collection(&tiny, "synth", &index, 1)?;
+    let database = scratch.path().join("runs.db");
+    let (orchestrator, mut client) = mesh.orchestrator(&database).await?;
+    // A teacher plays (fast, deterministic), one episode at a time, over
+    // more groups than are published before the cancel.
+    let spec = rollout::RunSpec {
+        name: RUN.into(),
+        train: Some(rollout::TaskSet {
+            source_uri: scratch.path().join("synth").display().to_string(),
+            collection: "synth".into(),
+            split: "train".into(),
+            limit: 0,
+        }),
+        agent: Some(AgentConfig {
+            budget: Some(AgentBudget {
+                max_turns: 4,
+                max_new_tokens_per_turn: 128,
+                max_episode_tokens: 8192,
+                observation_char_cap: 1500,
+            }),
+            teacher: "bm25:1".into(),
+            tools: vec!["bm25_search".into()],
+            ..Default::default()
+        }),
+        group_size: 2,
+        global_batch_size: 1,
+        max_epochs: 20,
+        rollout_max_concurrency: 1,
+        max_staleness: 4,
+        training: Some(rollout::TrainingSpec { learning_rate: 1e-3, checkpoint_every: 1, ..Default::default() }),
+        ..Default::default()
+    };
+    client.create_run(rollout::CreateRunRequest { spec: Some(spec), run_id: RUN.into() }).await?;
+    let mut learner = mesh.learner(RUN, scratch.path(), &database, &orchestrator)?;
+    let started = wait_for(&mut client, RUN, Duration::from_secs(120), |run| {
+        run.progress.as_ref().is_some_and(|p| p.groups_published >= 3)
+    })
+    .await?;
+    let planned = started.progress.as_ref().map_or(0, |p| p.groups_total);
+    let request = rollout::CancelRunRequest { run_id: RUN.into(), reason: "enough".into() };
+    let cancelled = client.cancel_run(request).await?.into_inner();
+    assert_eq!(cancelled.status, rollout::RunStatus::Cancelled as i32, "{cancelled:?}");
+    // A group already past its last cancellation check may still publish
+    // after this; every group published by the cancel is trained.
+    let before_cancel = cancelled.progress.as_ref().map_or(0, |p| p.groups_published);
+
+    let (exit, took) = learner.wait(Duration::from_secs(120))?;
+    assert!(exit.success(), "learner exited with {exit}; log:\n{}", learner.log());
+    let published = client
+        .get_run(rollout::GetRunRequest { run_id: RUN.into() })
+        .await?
+        .into_inner()
+        .progress
+        .map_or(0, |p| p.groups_published);
+    assert!(published < planned, "cancelled before the end: {published} of {planned}");
+    let db = sleuth_store::Database::open(&format!("sqlite://{}", database.display()))?;
+    let taken = learner::records::groups(&db, RUN).await?.len() as u64;
+    assert!(taken >= before_cancel, "every group published by the cancel was taken: {taken} of {before_cancel}");
+    eprintln!(
+        "{RUN}: {before_cancel} groups published by the cancel, {published} of {planned} in all, {taken} taken, \
+         learner out {took:?} after the cancel"
+    );
+    Ok(())
+}
