@@ -2,10 +2,12 @@
 //! once against the inference gateway and the tool gateway.
 //!
 //! - [`prompt`]: what the model is told (system prompt, answer tool);
-//! - [`episode`]: the loop of one episode, its budgets and outcomes;
+//! - [`episode`]: the loop of one episode, its budgets and outcomes (its
+//!   tool calls run in `calls`);
 //! - [`teacher`]: scripted strategies that reply instead of the policy (SFT data).
 
 pub mod budget;
+mod calls;
 pub mod episode;
 pub mod prompt;
 pub mod teacher;
