@@ -126,7 +126,9 @@ impl ObjectStore {
 
     /// Writes `bytes` under `key`. Readers never see a partial object: local
     /// files are written beside the target, fsynced and renamed into place,
-    /// and the folder is fsynced, so a written object survives a power cut.
+    /// and the folder is fsynced, then each folder above it up to the root,
+    /// so a written object survives a power cut, and so does a folder made
+    /// for it (a new checkpoint step's: its entry lives in its parent).
     pub async fn put(&self, key: &str, bytes: Vec<u8>) -> Result<(), StoreError> {
         check_key(key)?;
         match self {
@@ -142,10 +144,13 @@ impl ObjectStore {
                     file.sync_all().await?;
                     drop(file);
                     tokio::fs::rename(&tmp, &path).await?;
-                    match path.parent() {
-                        Some(parent) => tokio::fs::File::open(parent).await?.sync_all().await,
-                        None => Ok(()),
+                    for folder in path.ancestors().skip(1) {
+                        tokio::fs::File::open(folder).await?.sync_all().await?;
+                        if folder == root.as_path() {
+                            break;
+                        }
                     }
+                    Ok(())
                 }
                 .await;
                 result.map_err(|source| self.io(source))
