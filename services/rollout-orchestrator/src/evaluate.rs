@@ -191,10 +191,7 @@ impl Evaluator {
                 match result {
                     Ok(Outcome { metrics, per_task }) => {
                         job.metrics = metrics;
-                        let ndcg = |(task, metrics): (&String, &BTreeMap<String, f64>)| {
-                            metrics.get("ndcg@10").map(|ndcg| (task.clone(), *ndcg))
-                        };
-                        job.per_task_ndcg = per_task.iter().filter_map(ndcg).collect();
+                        job.per_task_ndcg = ndcg_by_task(&per_task).into_iter().collect();
                         job.per_task = per_task
                             .into_iter()
                             .map(|(task, metrics)| (task, TaskMetrics { metrics: metrics.into_iter().collect() }))
@@ -346,8 +343,7 @@ impl Evaluator {
             scored.iter().map(|s| (s.task_id.clone(), s.first_ranking.clone())).collect();
         let mut run = std::io::BufWriter::new(std::fs::File::create(self.report_dir.join(format!("{id}.run")))?);
         sleuth_metrics::run::write_run(&mut run, &rankings, id)?;
-        let per_task_ndcg: BTreeMap<&String, f64> =
-            per_task.iter().filter_map(|(task, m)| m.get("ndcg@10").map(|ndcg| (task, *ndcg))).collect();
+        let per_task_ndcg = ndcg_by_task(per_task);
         let set = request.tasks.clone().unwrap_or_default();
         let report = serde_json::json!({
             "evaluation_id": id,
@@ -362,6 +358,12 @@ impl Evaluator {
         });
         std::fs::write(self.report_dir.join(format!("{id}.json")), serde_json::to_vec_pretty(&report)?)
     }
+}
+
+/// Each task's nDCG@10, for the tasks whose metrics record one (a ranking
+/// reward's; answer rewards record none).
+fn ndcg_by_task(per_task: &BTreeMap<String, BTreeMap<String, f64>>) -> BTreeMap<String, f64> {
+    per_task.iter().filter_map(|(task, metrics)| metrics.get("ndcg@10").map(|ndcg| (task.clone(), *ndcg))).collect()
 }
 
 /// The job's metrics: each metric the reward records and the mean reward
