@@ -50,10 +50,7 @@ async fn answered(mesh: &Mesh, task: &Task, teacher: &str, episode: &str) -> Res
 async fn an_answer_run_trains_on_cited_answers_and_reports_every_answer_metric() -> Result<()> {
     const RUN: &str = "answers";
     let scratch = tempfile::tempdir()?;
-    let (index, tasks) = small_synth(scratch.path())?;
-    let tiny = scratch.path().join("tiny");
-    sleuth_model::export::write_random_llama(&sleuth_testkit::smollm2()?, &tiny, Default::default(), 7)?;
-    let mesh = Mesh::with_collection(&tiny, "synth", &index, 2)?;
+    let (mesh, tasks) = teacher_mesh(scratch.path(), 2)?;
 
     // The teacher's answers: the chain's end in words, the chain cited,
     // every citation a document the searches showed.

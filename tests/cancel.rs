@@ -14,10 +14,7 @@ use sleuth_tests::fixture::*;
 async fn a_cancelled_runs_learner_trains_what_was_published_and_exits() -> Result<()> {
     const RUN: &str = "cancelled";
     let scratch = tempfile::tempdir()?;
-    let (index, _) = small_synth(scratch.path())?;
-    let tiny = scratch.path().join("tiny");
-    sleuth_model::export::write_random_llama(&sleuth_testkit::smollm2()?, &tiny, Default::default(), 7)?;
-    let mesh = Mesh::with_collection(&tiny, "synth", &index, 1)?;
+    let (mesh, _) = teacher_mesh(scratch.path(), 1)?;
     let database = scratch.path().join("runs.db");
     let (orchestrator, mut client) = mesh.orchestrator(&database).await?;
     // A teacher plays (fast, deterministic), one episode at a time, over

@@ -23,7 +23,7 @@ mod mesh;
 mod stream;
 
 pub use browser::Browser;
-pub use learning::{SYNTH, TOOLS, learning_base, prepare_learning_base, small_synth, synth_collection};
+pub use learning::{SYNTH, TOOLS, learning_base, prepare_learning_base, small_synth, synth_collection, teacher_mesh};
 pub use mesh::Mesh;
 pub use stream::*;
 

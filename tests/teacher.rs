@@ -145,10 +145,7 @@ async fn an_sft_run_imitates_the_teachers_best_episodes_from_one_spec() -> Resul
     use sleuth_proto::rollout::v1 as rollout;
     const RUN: &str = "sft";
     let scratch = tempfile::tempdir()?;
-    let (index, _) = small_synth(scratch.path())?;
-    let tiny = scratch.path().join("tiny");
-    sleuth_model::export::write_random_llama(&sleuth_testkit::smollm2()?, &tiny, Default::default(), 7)?;
-    let mesh = Mesh::with_collection(&tiny, "synth", &index, 2)?;
+    let (mesh, _) = teacher_mesh(scratch.path(), 2)?;
     mesh.client().await?;
     let (orchestrator, mut client) = mesh.orchestrator(&scratch.path().join("runs.db")).await?;
     let spec = rollout::RunSpec {
