@@ -23,6 +23,8 @@ command -v redis-server >/dev/null || missing+=(redis-server)
 { command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; } || missing+=(postgresql)
 command -v runuser >/dev/null || missing+=(util-linux)
 command -v c++ >/dev/null || missing+=(g++)
+# gloo's headers, which c10d's Gloo header includes (the learner's c10d shim).
+[ -f /usr/include/gloo/context.h ] || missing+=(libgloo-dev)
 # Test certificate authorities (Redis and PostgreSQL over TLS).
 command -v openssl >/dev/null || missing+=(openssl)
 command -v python3 >/dev/null || missing+=(python3)
