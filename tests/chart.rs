@@ -146,13 +146,17 @@ fn the_dashboard_and_the_metrics_reference_match_the_services() -> Result<()> {
 /// A multi-rank learner renders as a StatefulSet whose pods take their rank
 /// from their ordinal, the world size from the replica count and rank 0's
 /// stable name (through a headless Service that names pods before they are
-/// ready) as the rendezvous; a single learner sets no rank variables.
+/// ready) as the rendezvous, with NCCL's settings and a memory /dev/shm;
+/// only learner pods may reach a rank beyond its gRPC port (c10d's store and
+/// connections have no authentication), even with NetworkPolicies off
+/// elsewhere. A single learner sets no rank variables and no policy.
 #[test]
 fn a_multi_rank_learner_is_a_statefulset_whose_pods_know_their_rank() -> Result<()> {
     let manifests = helm_template(&[
         "components.learner.replicas=3",
         "components.learner.collectivePort=29501",
         "components.learner.checkpointUri=s3://checkpoints/runs",
+        "components.learner.ncclEnv.NCCL_SOCKET_IFNAME=eth0",
         "database.existingSecret=postgres-url",
     ])?;
     validate(&manifests)?;
@@ -181,6 +185,16 @@ fn a_multi_rank_learner_is_a_statefulset_whose_pods_know_their_rank() -> Result<
         Some("value: \"ci-release-learner-0.ci-release-learner-ranks.default.svc.cluster.local\"")
     );
     assert_eq!(env("MASTER_PORT").as_deref(), Some("value: \"29501\""));
+    assert_eq!(env("NCCL_SOCKET_IFNAME").as_deref(), Some("value: \"eth0\""));
+    assert!(learner.contains("mountPath: /dev/shm") && learner.contains("medium: Memory"), "{learner}");
+    let policies: Vec<&&str> = docs.iter().filter(|d| d.contains("\nkind: NetworkPolicy\n")).collect();
+    assert_eq!(policies.len(), 1, "only the learner's policy without networkPolicy.enabled");
+    let (_, ranks_rule) = policies[0].split_once("learner pods only.").context("the ranks' rule")?;
+    assert!(
+        ranks_rule.contains("app.kubernetes.io/component: learner") && !ranks_rule.contains("port:"),
+        "learner pods, and only they, reach every port of a rank:\n{}",
+        policies[0]
+    );
     let ranks = docs
         .iter()
         .find(|d| d.contains("\nkind: Service") && d.contains("name: ci-release-learner-ranks\n"))
@@ -191,6 +205,7 @@ fn a_multi_rank_learner_is_a_statefulset_whose_pods_know_their_rank() -> Result<
 
     let single = helm_template(&[])?;
     assert!(!single.contains("name: RANK"), "one learner needs no rendezvous");
+    assert!(!single.contains("\nkind: NetworkPolicy\n") && !single.contains("/dev/shm"));
     Ok(())
 }
 

@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use anyhow::{Result, ensure};
 use learner::batch::Sample;
-use learner::collective::Single;
+use sleuth_c10d::Single;
 use learner::loss::{Aggregation, LossConfig, PolicyLoss};
 use learner::shard::AdamW;
 use learner::trainer::{Objective, Trainer, TrainerConfig};

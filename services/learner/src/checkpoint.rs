@@ -53,7 +53,15 @@ pub struct Meta {
     /// recorded (their shards are taken as they load).
     #[serde(default)]
     pub shard_sha256: Vec<String>,
+    /// How the flattened model was cut into shards: [`SHARD_LAYOUT`] (one
+    /// contiguous chunk per rank), or empty in checkpoints written before
+    /// it, whose multi-rank shards cut each parameter separately.
+    #[serde(default)]
+    pub shard_layout: String,
 }
+
+/// The shard layout this learner writes and reads (see [`crate::shard::Layout`]).
+pub const SHARD_LAYOUT: &str = "flat";
 
 impl Meta {
     /// The run's own optimizer steps so far: what its learning-rate
@@ -86,6 +94,11 @@ pub enum CheckpointError {
         "checkpoint {step} was written by {written} ranks, this run has WORLD_SIZE {world}; resume with the same world size"
     )]
     WorldSize { step: u64, written: usize, world: usize },
+    #[error(
+        "checkpoint {step} cut its {world} shards parameter by parameter (learners before c10d); this learner cannot \
+         resume it with {world} ranks: resume it with one rank, or start afresh"
+    )]
+    OldLayout { step: u64, world: usize },
     #[error(transparent)]
     Torch(#[from] tch::TchError),
     #[error("{0}")]
@@ -208,6 +221,10 @@ pub async fn load(
     let meta = meta(store, step).await?;
     if meta.world_size != world {
         return Err(CheckpointError::WorldSize { step, written: meta.world_size, world });
+    }
+    // One rank's shard is the whole flattened model in either layout.
+    if world > 1 && meta.shard_layout != SHARD_LAYOUT {
+        return Err(CheckpointError::OldLayout { step, world });
     }
     let shard = load_shard(store, &meta, rank, world, device).await?;
     Ok((meta, shard))

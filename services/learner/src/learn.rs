@@ -73,7 +73,7 @@ pub struct Progress {
 
 pub type SharedProgress = Arc<Mutex<Progress>>;
 
-/// Runs `f` on the trainer on the libtorch thread (libtorch and the TCP
+/// Runs `f` on the trainer on the libtorch thread (libtorch and the
 /// collectives block) and hands the trainer back.
 pub(crate) async fn blocking<T: Send + 'static>(
     trainer: Trainer,
@@ -129,7 +129,7 @@ pub async fn resume(trainer: Trainer, checkpoints: &ObjectStore) -> Result<(Trai
             loaded => loaded,
         };
         let loadable = loaded.is_ok();
-        let (t, verdicts) = blocking(trainer, move |t| t.collective.all_gather(vec![u8::from(loadable)])).await?;
+        let (t, verdicts) = blocking(trainer, move |t| t.collective.all_gather_bytes(vec![u8::from(loadable)])).await?;
         trainer = t;
         let everyone = verdicts?.iter().all(|verdict| verdict == &[1]);
         match loaded {
@@ -166,9 +166,7 @@ pub async fn lead(
 ) -> Result<(), Error> {
     // One learner per run: wait for the lease before touching the run.
     let Some(lease) = crate::fence::take(&sources, &plan.run_id, &mut stop).await? else {
-        let (_trainer, stopped) = blocking(trainer, |t| t.collective.broadcast(Command::Stop.encode())).await?;
-        stopped?;
-        return Ok(());
+        return stop_ranks(trainer).await;
     };
     let _renewing = lease.keep_alive();
     let (resumed, mut meta) = resume(trainer, &sources.checkpoints).await?;
@@ -292,7 +290,7 @@ pub async fn lead(
             * plan.lr_schedule.scale(meta.steps_trained(), steps_planned(&mut planned, &plan, &sources).await?);
         let command = Command::Step { samples: samples.clone(), lr };
         let (t, stats) = blocking(trainer, move |t| -> Result<StepStats, Error> {
-            t.collective.broadcast(command.encode())?;
+            t.collective.broadcast_bytes(command.encode())?;
             t.config.optimizer.lr = lr;
             Ok(t.step(&samples)?)
         })
@@ -354,8 +352,7 @@ pub async fn lead(
         commit_trained(&consumer, &mut uncommitted, &meta, patience).await?;
         progress.lock().expect("progress").last_checkpoint_step = meta.step;
     }
-    let (_trainer, stopped) = blocking(trainer, |t| t.collective.broadcast(Command::Stop.encode())).await?;
-    stopped?;
+    stop_ranks(trainer).await?;
     if let Err(error) = lease.release().await {
         tracing::warn!(%error, "the run's lease was not released; the next learner waits for it to expire");
     }
@@ -363,11 +360,22 @@ pub async fn lead(
     Ok(())
 }
 
+/// Tells the other ranks to stop and waits until each has the word: the
+/// word travels through the store rank 0 hosts, which ends with rank 0.
+async fn stop_ranks(trainer: Trainer) -> Result<(), Error> {
+    let (_trainer, stopped) = blocking(trainer, |t| {
+        t.collective.broadcast_bytes(Command::Stop.encode())?;
+        t.collective.barrier()
+    })
+    .await?;
+    Ok(stopped?)
+}
+
 /// The other ranks: follow rank 0's commands.
 pub async fn follow(trainer: Trainer, checkpoints: ObjectStore) -> Result<(), Error> {
     let (mut trainer, _meta) = resume(trainer, &checkpoints).await?;
     loop {
-        let (t, command) = blocking(trainer, |t| t.collective.broadcast(Vec::new())).await?;
+        let (t, command) = blocking(trainer, |t| t.collective.broadcast_bytes(Vec::new())).await?;
         trainer = t;
         match Command::decode(&command?)? {
             Command::Step { samples, lr } => {
@@ -385,11 +393,14 @@ pub async fn follow(trainer: Trainer, checkpoints: ObjectStore) -> Result<(), Er
                 trainer = t;
                 let digest = checkpoint::save_shard(&checkpoints, step, rank, world, bytes?).await?;
                 // Rank 0 seals the step with every rank's digest once all are saved.
-                let (t, arrived) = blocking(trainer, move |t| t.collective.all_gather(digest.into_bytes())).await?;
+                let (t, arrived) = blocking(trainer, move |t| t.collective.all_gather_bytes(digest.into_bytes())).await?;
                 trainer = t;
                 arrived?;
             }
-            Command::Stop => return Ok(()),
+            Command::Stop => {
+                let (_trainer, stopped) = blocking(trainer, |t| t.collective.barrier()).await?;
+                return Ok(stopped?);
+            }
         }
     }
 }
@@ -397,7 +408,7 @@ pub async fn follow(trainer: Trainer, checkpoints: ObjectStore) -> Result<(), Er
 /// Every rank's shard, the merged HF export, then the seal.
 pub(crate) async fn save_checkpoint(trainer: Trainer, sources: &Sources, meta: &Meta) -> Result<Trainer, Error> {
     let step = meta.step;
-    let (t, told) = blocking(trainer, move |t| t.collective.broadcast(Command::Checkpoint(step).encode())).await?;
+    let (t, told) = blocking(trainer, move |t| t.collective.broadcast_bytes(Command::Checkpoint(step).encode())).await?;
     told?;
     let (rank, world) = (t.collective.rank(), t.collective.world());
     let export = tempfile::tempdir().map_err(|e| Error::Train(e.to_string()))?;
@@ -413,10 +424,11 @@ pub(crate) async fn save_checkpoint(trainer: Trainer, sources: &Sources, meta: &
     let digest = checkpoint::save_shard(&sources.checkpoints, step, rank, world, written?).await?;
     checkpoint::save_export(&sources.checkpoints, step, export.path()).await?;
     // Every rank's shard is saved once every rank has sent its digest.
-    let (t, digests) = blocking(t, move |t| t.collective.all_gather(digest.into_bytes())).await?;
+    let (t, digests) = blocking(t, move |t| t.collective.all_gather_bytes(digest.into_bytes())).await?;
     let mut meta = meta.clone();
     meta.shard_sha256 = digests?.into_iter().map(|d| String::from_utf8_lossy(&d).into_owned()).collect();
     meta.world_size = world;
+    meta.shard_layout = checkpoint::SHARD_LAYOUT.to_owned();
     meta.created_unix = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
     checkpoint::seal(&sources.checkpoints, &meta).await?;
     tracing::info!(step, "checkpoint sealed");

@@ -4,7 +4,7 @@
 //!
 //! - [`advantage`] (shared with the orchestrator, from `sleuth-metrics`), [`loss`]: the maths of a step;
 //! - [`batch`]: trajectory groups to samples;
-//! - [`collective`], [`shard`], [`trainer`]: sharded training across ranks;
+//! - [`shard`], [`trainer`]: sharded training across ranks (collectives through c10d: `sleuth-c10d`);
 //! - [`checkpoint`], [`publish`], [`records`]: what a step leaves behind;
 //! - [`learn`]: the loop that ties them to the stream;
 //! - [`torch_thread`]: the one thread every tensor operation runs on.
@@ -12,7 +12,6 @@
 pub use sleuth_metrics::advantage;
 pub mod batch;
 pub mod checkpoint;
-pub mod collective;
 pub mod config;
 pub mod copying;
 mod fence;
@@ -38,13 +37,13 @@ use sleuth_proto::learner::v1::learner_server::LearnerServer;
 use sleuth_store::{Database, RedisStore};
 use tokio::net::TcpListener;
 
-use crate::collective::{Collective, Rendezvous, Single, TcpCollective};
 pub use crate::config::{Config, Mode};
 pub use crate::handlers::{Handlers, Starting};
 use crate::learn::{Plan, SharedProgress, Sources};
 use crate::loss::{LossConfig, PolicyLoss};
 use crate::shard::AdamW;
 use crate::trainer::{Objective, Trainer, TrainerConfig};
+use sleuth_c10d::{Collective, ProcessGroup, Rendezvous, Single};
 
 /// Errors that stop the service.
 #[derive(Debug, thiserror::Error)]
@@ -66,7 +65,7 @@ pub enum Error {
     #[error(transparent)]
     Checkpoint(#[from] checkpoint::CheckpointError),
     #[error(transparent)]
-    Collective(#[from] collective::CollectiveError),
+    Collective(#[from] sleuth_c10d::CollectiveError),
 }
 
 impl From<trainer::TrainError> for Error {
@@ -106,10 +105,7 @@ fn objective(config: &Config) -> Result<Objective, Error> {
 }
 
 /// Loads the policy (and, with a KL term, a frozen reference copy) on `device`.
-/// Room in a frame between ranks for a step's samples beside the gradients.
-const STEP_FRAME_SLACK: usize = 256 << 20;
-
-fn load_trainer(config: &Config, device: tch::Device, mut collective: Box<dyn Collective>) -> Result<Trainer, Error> {
+fn load_trainer(config: &Config, device: tch::Device, collective: Box<dyn Collective>) -> Result<Trainer, Error> {
     let dir = config.model.directory();
     let model_config = sleuth_model::Config::from_file(&dir.join("config.json"))?;
     let dtype = config.model.compute_dtype(device);
@@ -121,9 +117,6 @@ fn load_trainer(config: &Config, device: tch::Device, mut collective: Box<dyn Co
         Ok((vars, model))
     };
     let (vars, model) = load()?;
-    // The largest frame between ranks: a gradient reduced in f64, plus a step's samples.
-    let parameters: usize = vars.variables().values().map(|t| t.numel()).sum();
-    collective.limit_frames(parameters.saturating_mul(8).saturating_add(STEP_FRAME_SLACK));
     let reference = if config.kl_coef > 0.0 && config.mode == Mode::Rl {
         let (mut vars, model) = load()?;
         vars.freeze();
@@ -237,9 +230,7 @@ async fn start_and_train(
     torch_thread::run(move || sleuth_torch::set_intra_op_threads(threads)).await?;
     let checkpoints = lineage::run_store(&config.checkpoint_uri, &config.run_id, &config.s3).await?;
     let token = config.serve.bearer_token()?;
-    let rendezvous = Rendezvous::from_env()?
-        .map(|r| Rendezvous { secret: token.as_ref().map(|t| t.secret().to_vec()).unwrap_or_default(), ..r });
-    let collective: Box<dyn Collective> = match &rendezvous {
+    let collective: Box<dyn Collective> = match &Rendezvous::from_env()? {
         Some(r) if r.world_size > 1 => {
             starting.step(format!(
                 "rank {} of {}: meeting the other ranks at {}:{}",
@@ -247,7 +238,7 @@ async fn start_and_train(
             ));
             let r = r.clone();
             Box::new(
-                tokio::task::spawn_blocking(move || TcpCollective::connect(&r))
+                tokio::task::spawn_blocking(move || ProcessGroup::connect(&r, device))
                     .await
                     .map_err(|e| Error::Train(e.to_string()))??,
             )

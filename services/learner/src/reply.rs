@@ -15,7 +15,7 @@ use tokenizers::Tokenizer;
 
 use crate::Error;
 use crate::batch::Sample;
-use crate::collective::Single;
+use sleuth_c10d::Single;
 use crate::loss::Aggregation;
 use crate::shard::AdamW;
 use crate::trainer::{Objective, Trainer, TrainerConfig};

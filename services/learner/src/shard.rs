@@ -1,20 +1,18 @@
-//! FSDP-style sharding: each rank owns 1/N of every parameter (a contiguous
-//! slice of its flattened elements), plus the gradient and AdamW state of
-//! that slice. Before the forward pass the shards are all-gathered into the
-//! full model; after the backward pass the gradients are reduce-scattered so
-//! each rank updates only its slice.
+//! FSDP-style sharding: the model's parameters, flattened in name order and
+//! padded to a multiple of the world size, are cut into one contiguous chunk
+//! per rank (FSDP's flat parameter). Each rank owns its chunk of the
+//! parameters and of their gradients and AdamW state.
 //!
-//! Parameters are gathered for the whole model at once (so they are held in
-//! full during the step, as ZeRO-2 does; gathering layer by layer would need
-//! forward hooks in the model crate). Gradients are accumulated in f64 so
-//! the sum does not depend on how micro-batches are split across ranks.
-
-use std::ops::Range;
+//! Parameters are gathered for the whole model at once: every rank holds the
+//! full model during and between steps (gathering layer by layer would need
+//! forward and backward hooks in the model crate). Gradients accumulate in
+//! the parameters' own dtype over a rank's micro-batches and are
+//! reduce-scattered in f32, so each rank receives only the sum of its chunk.
 
 use tch::nn::VarStore;
 use tch::{Kind, Tensor};
 
-use crate::collective::{Collective, CollectiveError, bytes_f32, bytes_f64, f32_bytes, f64_bytes};
+use sleuth_c10d::{Collective, CollectiveError};
 
 /// One parameter's place in the flattened model.
 #[derive(Debug, Clone)]
@@ -26,12 +24,16 @@ pub struct Entry {
     pub offset: usize,
 }
 
-/// Which elements of every parameter each rank owns.
+/// Which elements of the flattened model each rank owns.
 #[derive(Debug, Clone)]
 pub struct Layout {
     pub entries: Vec<Entry>,
     pub world: usize,
+    /// Elements of the model.
     pub total: usize,
+    /// Elements each rank owns: `total` divided by the world, rounded up
+    /// (the last chunk ends in zeros that no parameter uses).
+    pub chunk: usize,
 }
 
 impl Layout {
@@ -49,54 +51,28 @@ impl Layout {
                 entry
             })
             .collect();
-        Self { entries, world, total: offset }
+        Self { entries, world, total: offset, chunk: offset.div_ceil(world.max(1)) }
     }
 
-    /// The elements of `entry` that `rank` owns.
-    pub fn owned(&self, entry: &Entry, rank: usize) -> Range<usize> {
-        let chunk = entry.numel.div_ceil(self.world);
-        let start = (rank * chunk).min(entry.numel);
-        start..((rank + 1) * chunk).min(entry.numel)
+    /// Elements of the padded flat model: `chunk` x world.
+    pub fn padded(&self) -> usize {
+        self.chunk * self.world
     }
 
-    pub fn shard_len(&self, rank: usize) -> usize {
-        self.entries.iter().map(|e| self.owned(e, rank).len()).sum()
-    }
-
-    /// `rank`'s slice of a flattened full-model vector.
-    pub fn slice<T: Copy>(&self, full: &[T], rank: usize) -> Vec<T> {
-        let mut shard = Vec::with_capacity(self.shard_len(rank));
-        for entry in &self.entries {
-            let owned = self.owned(entry, rank);
-            shard.extend_from_slice(&full[entry.offset + owned.start..entry.offset + owned.end]);
-        }
-        shard
-    }
-
-    /// Writes `rank`'s `shard` into its places in a flattened full-model vector.
-    pub fn place<T: Copy>(&self, shard: &[T], rank: usize, full: &mut [T]) {
-        let mut at = 0;
-        for entry in &self.entries {
-            let owned = self.owned(entry, rank);
-            full[entry.offset + owned.start..entry.offset + owned.end].copy_from_slice(&shard[at..at + owned.len()]);
-            at += owned.len();
-        }
+    /// `rank`'s chunk of a flattened full-model tensor (`total` elements or padded).
+    pub fn slice_tensor(&self, full: &Tensor, rank: usize) -> Tensor {
+        let padded = pad(full, self.padded());
+        padded.narrow(0, (rank * self.chunk) as i64, self.chunk as i64).copy()
     }
 }
 
-impl Layout {
-    /// `rank`'s slice of a flattened full-model tensor.
-    pub fn slice_tensor(&self, full: &Tensor, rank: usize) -> Tensor {
-        let parts: Vec<Tensor> = self
-            .entries
-            .iter()
-            .map(|e| {
-                let owned = self.owned(e, rank);
-                full.narrow(0, (e.offset + owned.start) as i64, owned.len() as i64)
-            })
-            .collect();
-        Tensor::cat(&parts, 0)
+/// `flat` followed by zeros up to `len` elements.
+fn pad(flat: &Tensor, len: usize) -> Tensor {
+    let missing = len as i64 - flat.numel() as i64;
+    if missing <= 0 {
+        return flat.shallow_clone();
     }
+    Tensor::cat(&[flat, &Tensor::zeros([missing], (flat.kind(), flat.device()))], 0)
 }
 
 /// The whole model flattened to one f32 tensor, in layout order.
@@ -107,7 +83,7 @@ pub fn flatten(vars: &VarStore, layout: &Layout) -> Tensor {
     Tensor::cat(&parts, 0)
 }
 
-/// Writes a flattened full model into the variables.
+/// Writes a flattened full model (padded or not) into the variables.
 pub fn unflatten(vars: &VarStore, layout: &Layout, full: &Tensor) {
     let mut variables = vars.variables();
     tch::no_grad(|| {
@@ -119,23 +95,33 @@ pub fn unflatten(vars: &VarStore, layout: &Layout, full: &Tensor) {
     });
 }
 
-/// Adds the variables' gradients into `accumulator` (f64, layout order) and clears them.
-pub fn accumulate_grads(vars: &VarStore, layout: &Layout, accumulator: &mut Tensor) {
+/// The variables' accumulated gradients as one padded f32 tensor in layout
+/// order (zeros where a variable has none), and the gradients cleared.
+pub fn take_grads(vars: &VarStore, layout: &Layout) -> Tensor {
     let variables = vars.variables();
-    tch::no_grad(|| {
-        for entry in &layout.entries {
-            let var = &variables[&entry.name];
-            let grad = var.grad();
-            if grad.defined() {
-                let _ = accumulator
-                    .narrow(0, entry.offset as i64, entry.numel as i64)
-                    .g_add_(&grad.flatten(0, -1).to_kind(Kind::Double));
-            }
+    let device = vars.device();
+    let flat = tch::no_grad(|| {
+        let mut parts: Vec<Tensor> = layout
+            .entries
+            .iter()
+            .map(|entry| {
+                let grad = variables[&entry.name].grad();
+                if grad.defined() {
+                    grad.flatten(0, -1).to_kind(Kind::Float)
+                } else {
+                    Tensor::zeros([entry.numel as i64], (Kind::Float, device))
+                }
+            })
+            .collect();
+        if layout.padded() > layout.total {
+            parts.push(Tensor::zeros([(layout.padded() - layout.total) as i64], (Kind::Float, device)));
         }
+        Tensor::cat(&parts, 0)
     });
     for (_, mut var) in variables {
         var.zero_grad();
     }
+    flat
 }
 
 /// AdamW hyper-parameters.
@@ -183,7 +169,7 @@ impl Shard {
         (self.exp_avg.numel() + self.exp_avg_sq.numel()) * self.exp_avg.kind().elt_size_in_bytes()
     }
 
-    /// One AdamW step on `grad` (f64) times `scale`, as torch.optim.AdamW
+    /// One AdamW step on `grad` times `scale`, as torch.optim.AdamW
     /// computes it (decoupled weight decay, bias correction, f32 state).
     /// Element-wise only, so every rank computes its slice exactly as a
     /// single rank would.
@@ -216,53 +202,27 @@ impl Shard {
     }
 }
 
-fn to_vec<T: tch::kind::Element>(tensor: &Tensor) -> Vec<T> {
-    let cpu = tensor.to_device(tch::Device::Cpu).to_kind(T::KIND).contiguous();
-    let n = cpu.numel();
-    let mut out = vec![T::ZERO; n];
-    cpu.copy_data(&mut out, n);
-    out
-}
-
-/// Every rank's shard gathered into the full flattened model.
+/// Every rank's chunk gathered into the padded flattened model.
 pub fn all_gather_params(
     collective: &mut dyn Collective,
     layout: &Layout,
     shard: &Tensor,
 ) -> Result<Tensor, CollectiveError> {
-    if collective.world() == 1 {
-        return Ok(shard.shallow_clone());
-    }
-    let parts = collective.all_gather(f32_bytes(&to_vec::<f32>(shard)))?;
-    let mut full = vec![0f32; layout.total];
-    for (rank, bytes) in parts.iter().enumerate() {
-        let values: Vec<f32> = bytes_f32(bytes).collect();
-        layout.place(&values, rank, &mut full);
-    }
-    Ok(Tensor::from_slice(&full).to_device(shard.device()))
+    let full = Tensor::zeros([layout.padded() as i64], (Kind::Float, shard.device()));
+    collective.all_gather(&full, shard)?;
+    Ok(full)
 }
 
-/// The sum over ranks of `full` (each rank's accumulated f64 gradient), sliced to this rank.
+/// This rank's chunk of the sum over ranks of `flat` (each rank's padded
+/// f32 gradient, from [`take_grads`]).
 pub fn reduce_scatter_grads(
     collective: &mut dyn Collective,
     layout: &Layout,
-    full: Tensor,
+    flat: &Tensor,
 ) -> Result<Tensor, CollectiveError> {
-    if collective.world() == 1 {
-        return Ok(full);
-    }
-    let rank = collective.rank();
-    // Each rank sends its whole gradient; the hub backend keeps it simple
-    // (a ring backend would send each slice once).
-    let parts = collective.all_gather(f64_bytes(&to_vec::<f64>(&full)))?;
-    let mut sum = vec![0f64; layout.shard_len(rank)];
-    for bytes in &parts {
-        let values: Vec<f64> = bytes_f64(bytes).collect();
-        for (s, v) in sum.iter_mut().zip(layout.slice(&values, rank)) {
-            *s += v;
-        }
-    }
-    Ok(Tensor::from_slice(&sum).to_device(full.device()))
+    let chunk = Tensor::zeros([layout.chunk as i64], (Kind::Float, flat.device()));
+    collective.reduce_scatter_sum(&chunk, flat)?;
+    Ok(chunk)
 }
 
 #[cfg(test)]
@@ -270,21 +230,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn shards_cover_every_element_once() {
+    fn chunks_cover_every_element_once_and_pad_the_last() {
         let vars = VarStore::new(tch::Device::Cpu);
         let root = vars.root();
         let _a = root.zeros("a", &[7]);
         let _b = root.zeros("b", &[2, 3]);
         for world in 1..=4 {
             let layout = Layout::new(&vars, world);
-            let full: Vec<u32> = (0..layout.total as u32).collect();
-            let mut rebuilt = vec![u32::MAX; layout.total];
-            for rank in 0..world {
-                layout.place(&layout.slice(&full, rank), rank, &mut rebuilt);
-            }
-            assert_eq!(rebuilt, full, "world {world}");
-            let lens: usize = (0..world).map(|r| layout.shard_len(r)).sum();
-            assert_eq!(lens, layout.total);
+            assert_eq!(layout.total, 13);
+            let full = Tensor::arange(13, (Kind::Float, tch::Device::Cpu));
+            let chunks: Vec<Tensor> = (0..world).map(|rank| layout.slice_tensor(&full, rank)).collect();
+            assert!(chunks.iter().all(|c| c.numel() == layout.chunk), "world {world}");
+            let rebuilt = Vec::<f32>::try_from(&Tensor::cat(&chunks, 0)).unwrap();
+            let expected: Vec<f32> = (0..layout.padded()).map(|i| if i < 13 { i as f32 } else { 0.0 }).collect();
+            assert_eq!(rebuilt, expected, "world {world}");
         }
     }
 
@@ -293,9 +252,9 @@ mod tests {
         // First step: m = 0.1 g, v = 0.001 g^2, bias-corrected update = sign(g) (eps aside).
         let mut shard = Shard::new(Tensor::from_slice(&[1.0f32, -2.0]));
         let hp = AdamW { lr: 0.1, weight_decay: 0.01, ..AdamW::default() };
-        shard.adamw(&Tensor::from_slice(&[0.5f64, -3.0]), 1.0, &hp);
+        shard.adamw(&Tensor::from_slice(&[0.5f32, -3.0]), 1.0, &hp);
         // p * (1 - lr * wd) - lr * sign(g)
-        let params = to_vec::<f32>(&shard.params);
+        let params = Vec::<f32>::try_from(&shard.params).unwrap();
         assert!((params[0] - (1.0 * 0.999 - 0.1) as f32).abs() < 1e-6);
         assert!((params[1] - (-2.0 * 0.999 + 0.1) as f32).abs() < 1e-6);
     }

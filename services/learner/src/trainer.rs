@@ -3,8 +3,8 @@
 //! Every rank receives the whole step's samples (rank 0 reads the stream and
 //! broadcasts them), cuts them into the same micro-batches, and trains on
 //! micro-batches `rank, rank + N, ...`. Loss denominators are the totals of
-//! the whole step, so the summed gradients equal a single rank's exactly
-//! (up to f32 rounding of the f64 sums).
+//! the whole step, so the gradients summed over ranks are a single rank's,
+//! up to the rounding of f32 sums taken in another order.
 
 use std::time::Instant;
 
@@ -13,11 +13,9 @@ use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 
 use crate::batch::Sample;
-use crate::collective::{Collective, CollectiveError};
 use crate::loss::{Aggregation, LossConfig, LossInputs, Totals, policy_loss, sft_loss};
-use crate::shard::{
-    AdamW, Layout, Shard, accumulate_grads, all_gather_params, flatten, reduce_scatter_grads, unflatten,
-};
+use crate::shard::{AdamW, Layout, Shard, all_gather_params, flatten, reduce_scatter_grads, take_grads, unflatten};
+use sleuth_c10d::{Collective, CollectiveError, Reduce};
 
 /// Reinforcement learning from group advantages, or supervised fine-tuning
 /// on teacher trajectories.
@@ -178,11 +176,11 @@ impl Trainer {
 
     /// Replaces this rank's shard (resuming from a checkpoint) and refreshes the model.
     pub fn restore(&mut self, shard: Shard) -> Result<(), TrainError> {
-        if shard.len() != self.layout.shard_len(self.collective.rank()) {
+        if shard.len() != self.layout.chunk {
             return Err(TrainError::Batch(format!(
                 "checkpoint shard has {} parameters, this rank owns {}",
                 shard.len(),
-                self.layout.shard_len(self.collective.rank())
+                self.layout.chunk
             )));
         }
         self.shard = shard;
@@ -195,6 +193,16 @@ impl Trainer {
     pub fn named_tensors(&self) -> Vec<(String, Tensor)> {
         let variables = self.vars.variables();
         self.layout.entries.iter().map(|e| (e.name.clone(), variables[&e.name].detach().shallow_clone())).collect()
+    }
+
+    /// `values` combined over ranks by `op` (on the training device: NCCL
+    /// takes CUDA tensors only).
+    fn all_reduce_f64<const N: usize>(&mut self, values: &[f64; N], op: Reduce) -> Result<[f64; N], CollectiveError> {
+        let tensor = Tensor::from_slice(values).to_device(self.vars.device());
+        self.collective.all_reduce(&tensor, op)?;
+        let mut out = [0f64; N];
+        tensor.to_device(Device::Cpu).copy_data(&mut out, N);
+        Ok(out)
     }
 
     /// One optimizer step on `samples` (the whole step's, identical on every rank).
@@ -212,7 +220,6 @@ impl Trainer {
             return Err(TrainError::Batch("no sample of the step has a trainable token".into()));
         }
         let (rank, world) = (self.collective.rank(), self.collective.world());
-        let mut grads = Tensor::zeros([self.layout.total as i64], (Kind::Double, device));
         // Sums over this rank's micro-batches: loss, entropy, clipped, ratio, kl, mismatch, ratio max.
         let mut sums = [0f64; 6];
         let mut ratio_max = 0f64;
@@ -253,28 +260,18 @@ impl Trainer {
             };
             sums[0] += loss.double_value(&[]);
             sums[1] += entropy;
+            // Gradients accumulate in the variables over the micro-batches.
             loss.backward();
-            accumulate_grads(&self.vars, &self.layout, &mut grads);
         }
-        // One gather for the statistics: the six sums add up over ranks, the
-        // ratio max (appended last) takes the largest.
-        let mut reduced = sums.to_vec();
-        reduced.push(ratio_max);
-        let gathered = self.collective.all_gather(crate::collective::f64_bytes(&reduced))?;
-        let mut totals_sum = [0f64; 6];
-        let mut global_ratio_max = 0f64;
-        for bytes in &gathered {
-            let values: Vec<f64> = crate::collective::bytes_f64(bytes).collect();
-            for (t, v) in totals_sum.iter_mut().zip(&values) {
-                *t += v;
-            }
-            global_ratio_max = global_ratio_max.max(values[6]);
-        }
+        // The six sums add up over ranks, the ratio max takes the largest.
+        let totals_sum = self.all_reduce_f64(&sums, Reduce::Sum)?;
+        let global_ratio_max = self.all_reduce_f64(&[ratio_max], Reduce::Max)?[0];
 
-        let grad = reduce_scatter_grads(self.collective.as_mut(), &self.layout, grads)?;
-        let mut norm = [grad.norm().double_value(&[]).powi(2)];
-        self.collective.all_reduce_sum(&mut norm)?;
-        let grad_norm = norm[0].sqrt();
+        let flat = take_grads(&self.vars, &self.layout);
+        let grad = reduce_scatter_grads(self.collective.as_mut(), &self.layout, &flat)?;
+        drop(flat);
+        let squared = grad.square().sum(Kind::Double).double_value(&[]);
+        let grad_norm = self.all_reduce_f64(&[squared], Reduce::Sum)?[0].sqrt();
         let scale = if self.config.max_grad_norm > 0.0 && grad_norm > self.config.max_grad_norm {
             self.config.max_grad_norm / (grad_norm + 1e-6)
         } else {
@@ -283,6 +280,7 @@ impl Trainer {
         self.shard.adamw(&grad, scale, &self.config.optimizer);
         let full = all_gather_params(self.collective.as_mut(), &self.layout, &self.shard.params)?;
         unflatten(&self.vars, &self.layout, &full);
+        drop(full);
 
         let advantages: Vec<f64> = samples.iter().map(|s| f64::from(s.advantage)).collect();
         let advantage_mean = advantages.iter().sum::<f64>() / advantages.len() as f64;

@@ -9,7 +9,7 @@
 use anyhow::Result;
 use learner::advantage::Estimator;
 use learner::batch::samples;
-use learner::collective::Single;
+use sleuth_c10d::Single;
 use learner::loss::{Aggregation, LossConfig, PolicyLoss};
 use learner::shard::AdamW;
 use learner::trainer::{Objective, Trainer, TrainerConfig};
