@@ -87,6 +87,7 @@ bench: test-fixtures
 	cargo bench -p inference-gateway --bench overhead
 	cargo bench -p inference-gateway --bench long_episodes
 	cargo bench -p learner --bench grpo_step
+	cargo bench -p sleuth-c10d --bench sharded_exchange
 	cargo bench -p rollout-orchestrator --bench dashboard
 	cargo build --release --workspace --bins
 	OMP_WAIT_POLICY=passive cargo bench -p sleuth-tests --bench rollout_throughput

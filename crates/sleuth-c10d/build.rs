@@ -60,7 +60,8 @@ fn nccl_headers(lib: &Path) -> Result<Vec<PathBuf>, String> {
     let nccl = site.join("nvidia/nccl/include");
     // The headers' folder changes when the header packages are installed.
     println!("cargo:rerun-if-changed={}", if cuda.exists() { &cuda } else { site }.display());
-    for needed in [cuda.join("cuda_runtime_api.h"), cuda.join("crt/host_config.h"), cuda.join("nv/target"), nccl.join("nccl.h")]
+    for needed in
+        [cuda.join("cuda_runtime_api.h"), cuda.join("crt/host_config.h"), cuda.join("nv/target"), nccl.join("nccl.h")]
     {
         if !needed.exists() {
             return Err(format!(

@@ -111,15 +111,21 @@ impl ProcessGroup {
         let mut group = std::ptr::null_mut();
         // SAFETY: host is NUL-terminated; on success `group` is set.
         let made = unsafe {
-            ffi::sleuth_c10d_store(host.as_ptr(), master_port, rank as c_int, world as c_int, millis(timeout), &mut group)
+            ffi::sleuth_c10d_store(
+                host.as_ptr(),
+                master_port,
+                rank as c_int,
+                world as c_int,
+                millis(timeout),
+                &mut group,
+            )
         };
         if let Some(why) = taken(made) {
             return Err(failed(format!(
                 "rank {rank}: rank 0's store at MASTER_ADDR {master_addr}:{master_port} ({address}): {why}"
             )));
         }
-        let mut this =
-            Self { group, rank, world, backend, peer_timeout, messages: 0, failures: 0 };
+        let mut this = Self { group, rank, world, backend, peer_timeout, messages: 0, failures: 0 };
         this.set(&format!("sleuth/joined/{rank}"), &[]).map_err(|why| failed(format!("rank {rank}: {why}")))?;
         match this.wait_for(&this.rank_keys("sleuth/joined"), Some(deadline)) {
             Ok(()) => {}
@@ -193,8 +199,7 @@ impl ProcessGroup {
         let k = key(name);
         let mut value = 0;
         // SAFETY: `value` outlives the call.
-        taken(unsafe { ffi::sleuth_c10d_store_add(self.group, k.as_ptr(), delta, &mut value) })
-            .map_or(Ok(value), Err)
+        taken(unsafe { ffi::sleuth_c10d_store_add(self.group, k.as_ptr(), delta, &mut value) }).map_or(Ok(value), Err)
     }
 
     fn delete(&mut self, names: &[String]) {

@@ -114,9 +114,8 @@ mod tests {
     fn an_unresolvable_master_is_retried_until_the_timeout_and_named() {
         let started = Instant::now();
         let deadline = started + Duration::from_millis(700);
-        let error = resolve_master("learner-0.learner-ranks.sleuth.svc.invalid", 29500, 1, deadline)
-            .unwrap_err()
-            .to_string();
+        let error =
+            resolve_master("learner-0.learner-ranks.sleuth.svc.invalid", 29500, 1, deadline).unwrap_err().to_string();
         assert!(started.elapsed() >= Duration::from_millis(700), "gave up after {:?}", started.elapsed());
         assert!(
             error.contains("rank 1")

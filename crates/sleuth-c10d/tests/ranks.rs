@@ -15,16 +15,19 @@ fn rendezvous(port: u16, world: usize, rank: usize) -> Rendezvous {
     }
 }
 
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).unwrap()
+}
+
 /// Runs `body` on every rank of a fresh group of `world` threads.
-fn ranks<T: Send + 'static>(
-    world: usize,
-    body: impl Fn(ProcessGroup) -> T + Send + Sync + Clone + 'static,
-) -> Vec<T> {
-    let port = sleuth_testkit::free_port().unwrap();
+fn ranks<T: Send + 'static>(world: usize, body: impl Fn(ProcessGroup) -> T + Send + Sync + Clone + 'static) -> Vec<T> {
+    let port = free_port();
     let threads: Vec<_> = (0..world)
         .map(|rank| {
             let body = body.clone();
-            std::thread::spawn(move || body(ProcessGroup::connect(&rendezvous(port, world, rank), Device::Cpu).unwrap()))
+            std::thread::spawn(move || {
+                body(ProcessGroup::connect(&rendezvous(port, world, rank), Device::Cpu).unwrap())
+            })
         })
         .collect();
     threads.into_iter().map(|t| t.join().unwrap()).collect()
@@ -75,7 +78,10 @@ fn three_ranks_gather_scatter_reduce_broadcast_and_message() {
 #[test]
 fn tensors_of_the_wrong_shape_or_device_are_refused_by_name() {
     ranks(2, |mut group| {
-        let error = group.all_gather(&Tensor::zeros([3], (Kind::Float, Device::Cpu)), &Tensor::zeros([2], (Kind::Float, Device::Cpu)));
+        let error = group.all_gather(
+            &Tensor::zeros([3], (Kind::Float, Device::Cpu)),
+            &Tensor::zeros([2], (Kind::Float, Device::Cpu)),
+        );
         assert!(matches!(&error, Err(CollectiveError::Usage { op: "all_gather", .. })), "{error:?}");
         let strided = Tensor::zeros([2, 2], (Kind::Float, Device::Cpu)).transpose(0, 1);
         let error = group.all_reduce(&strided, Reduce::Sum).unwrap_err().to_string();
@@ -86,7 +92,7 @@ fn tensors_of_the_wrong_shape_or_device_are_refused_by_name() {
 
 #[test]
 fn a_rank_that_never_joins_is_named() {
-    let port = sleuth_testkit::free_port().unwrap();
+    let port = free_port();
     let alone = Rendezvous { timeout: Duration::from_millis(1500), ..rendezvous(port, 3, 0) };
     let error = ProcessGroup::connect(&alone, Device::Cpu).err().unwrap().to_string();
     assert!(error.contains("ranks [1, 2] did not join"), "{error}");

@@ -38,8 +38,8 @@ impl BearerToken {
         a.len() == b.len() && a.iter().zip(b).fold(0u8, |diff, (x, y)| diff | (x ^ y)) == 0
     }
 
-    /// The secret itself, as key material (the learner ranks' handshake MACs
-    /// are keyed by it); never log it.
+    /// The secret itself, as key material (the dashboard's session MAC is
+    /// keyed by it); never log it.
     pub fn secret(&self) -> &[u8] {
         self.0.as_bytes()
     }

@@ -1,5 +1,5 @@
 //! Training throughput of one GRPO step: Sleuth's learner (libtorch through
-//! tch, f64 gradient accumulation, sharded AdamW with one rank) against a
+//! tch, f32 gradient accumulation, sharded AdamW with one rank) against a
 //! plain PyTorch + transformers implementation of the same loss on the same
 //! model and batch (bench/peers/grpo_step_peer.py, torch from the project
 //! venv), in one run on this machine.
@@ -10,11 +10,11 @@ use std::time::Instant;
 
 use anyhow::{Result, ensure};
 use learner::batch::Sample;
-use sleuth_c10d::Single;
 use learner::loss::{Aggregation, LossConfig, PolicyLoss};
 use learner::shard::AdamW;
 use learner::trainer::{Objective, Trainer, TrainerConfig};
 use serde_json::json;
+use sleuth_c10d::Single;
 use sleuth_model::{Config, Model, load_weights};
 use tch::Device;
 use tch::nn::VarStore;

@@ -393,7 +393,8 @@ pub async fn follow(trainer: Trainer, checkpoints: ObjectStore) -> Result<(), Er
                 trainer = t;
                 let digest = checkpoint::save_shard(&checkpoints, step, rank, world, bytes?).await?;
                 // Rank 0 seals the step with every rank's digest once all are saved.
-                let (t, arrived) = blocking(trainer, move |t| t.collective.all_gather_bytes(digest.into_bytes())).await?;
+                let (t, arrived) =
+                    blocking(trainer, move |t| t.collective.all_gather_bytes(digest.into_bytes())).await?;
                 trainer = t;
                 arrived?;
             }
@@ -408,7 +409,8 @@ pub async fn follow(trainer: Trainer, checkpoints: ObjectStore) -> Result<(), Er
 /// Every rank's shard, the merged HF export, then the seal.
 pub(crate) async fn save_checkpoint(trainer: Trainer, sources: &Sources, meta: &Meta) -> Result<Trainer, Error> {
     let step = meta.step;
-    let (t, told) = blocking(trainer, move |t| t.collective.broadcast_bytes(Command::Checkpoint(step).encode())).await?;
+    let (t, told) =
+        blocking(trainer, move |t| t.collective.broadcast_bytes(Command::Checkpoint(step).encode())).await?;
     told?;
     let (rank, world) = (t.collective.rank(), t.collective.world());
     let export = tempfile::tempdir().map_err(|e| Error::Train(e.to_string()))?;

@@ -15,10 +15,10 @@ use tokenizers::Tokenizer;
 
 use crate::Error;
 use crate::batch::Sample;
-use sleuth_c10d::Single;
 use crate::loss::Aggregation;
 use crate::shard::AdamW;
 use crate::trainer::{Objective, Trainer, TrainerConfig};
+use sleuth_c10d::Single;
 
 /// A one-process trainer of trajectory SFT (per-token cross-entropy on the
 /// trainable tokens, gradients clipped at norm 1) over the HF model in `dir`.

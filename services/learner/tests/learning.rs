@@ -9,10 +9,10 @@
 use anyhow::Result;
 use learner::advantage::Estimator;
 use learner::batch::samples;
-use sleuth_c10d::Single;
 use learner::loss::{Aggregation, LossConfig, PolicyLoss};
 use learner::shard::AdamW;
 use learner::trainer::{Objective, Trainer, TrainerConfig};
+use sleuth_c10d::Single;
 use sleuth_model::sampling::{Rng, Sampling, sample};
 use sleuth_model::{Config, Model};
 use sleuth_proto::common::v1::{Episode, SegmentKind, Trace, TraceSegment, TrajectoryGroup};

@@ -80,8 +80,9 @@ async fn learner_ranks_train_alike_and_a_killed_rank_is_named_and_resumed() -> R
     let mut ranks = learner_ranks(&env, "killed", &killed, 3)?;
     until_step(&env, "killed", 3, &mut ranks[0]).await?;
     let mut gone = ranks.pop().expect("rank 2");
-    gone.kill()?; // SIGKILL
+    let killed_now = gone.kill(); // SIGKILL
     gone.wait()?;
+    killed_now?;
     publish_all(&redis, "killed", &entries[first_three..]).await?;
     for (rank, child) in ranks.into_iter().enumerate() {
         let (status, stderr) = tokio::task::block_in_place(|| exit_and_stderr(child, LIMIT))?;

@@ -12,8 +12,8 @@ use anyhow::{Context, Result, ensure};
 use prost::Message;
 use sleuth_store::RedisStore;
 use sleuth_store::trajectories::{GroupConsumer, publish};
-use tch::Tensor;
 use support::*;
+use tch::Tensor;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_learner_resumes_to_the_uninterrupted_result() -> Result<()> {

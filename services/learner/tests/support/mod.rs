@@ -157,7 +157,6 @@ pub fn final_params(checkpoints: &Path) -> Result<Vec<(String, Tensor)>> {
     Ok(tensors)
 }
 
-
 /// The `world` ranks of one learner of `run`, as the chart's StatefulSet
 /// starts them (the same command, torchrun's variables); their standard
 /// error is kept for the test to read.
