@@ -196,7 +196,7 @@ fn network_policies_ingress_monitoring_and_placement_render() -> Result<()> {
     validate(&manifests)?;
     let docs = documents(&manifests);
     let policy = document(&docs, "NetworkPolicy", "ci-release-learner")?;
-    assert!(has_line(policy, "- port: grpc") && !policy.contains("learner pods only"), "one rank: gRPC only\n{policy}");
+    assert!(has_line(policy, "port: grpc") && !policy.contains("learner pods only"), "one rank: gRPC only\n{policy}");
     assert_eq!(docs.iter().filter(|d| d.contains("\nkind: NetworkPolicy\n")).count(), 6);
     let openai = document(&docs, "Ingress", "ci-release-openai")?;
     assert!(openai.contains("name: ci-release-inference-gateway\n") && openai.contains("secretName: api-tls"));

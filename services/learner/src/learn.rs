@@ -303,10 +303,15 @@ pub async fn lead(
         meta.step += 1;
         stats.step = meta.step;
         let taken = tally.apply(&mut meta);
-        let (publishing, step) = (!sources.publisher.is_empty(), stats.step);
-        let (t, update) =
-            blocking(trainer, move |t| publishing.then(|| crate::publish::update_requests(step, &t.named_tensors())))
-                .await?;
+        let step = stats.step;
+        let wire = match sources.publisher.is_empty() {
+            true => None,
+            false => Some(sources.publisher.wire_dtype().await),
+        };
+        let (t, update) = blocking(trainer, move |t| {
+            wire.map(|wire| crate::publish::update_requests(step, &t.named_tensors(), wire))
+        })
+        .await?;
         trainer = t;
         crate::fence::hold(&lease, patience).await?;
         let published = crate::publish::publish_step(update, &sources, stats.step).await;
@@ -316,7 +321,8 @@ pub async fn lead(
             "groups_dropped_stale": meta.groups_dropped_stale,
             "groups_filtered": meta.groups_filtered,
             "groups_rejected": meta.groups_rejected,
-            "publish_seconds": published.as_secs_f64(),
+            "publish_seconds": published.elapsed.as_secs_f64(),
+            "publish_bytes": published.bytes,
         });
         crate::records::record(&sources.database, &plan.run_id, &stats, &extra).await?;
         crate::records::record_groups(&sources.database, &plan.run_id, &taken).await?;

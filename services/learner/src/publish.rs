@@ -28,20 +28,50 @@ use crate::trainer::Trainer;
 /// refused, so every tensor over 4 MiB (any real embedding) never arrived.
 const CHUNK_BYTES: usize = 3 << 20;
 
-/// The requests of one update: a header, then every tensor in chunks (f32, little-endian).
-pub fn update_requests(version: u64, tensors: &[(String, Tensor)]) -> Vec<UpdateWeightsRequest> {
+/// The dtype weights travel in to servers that serve `served`: the servers'
+/// own 16-bit dtype when every one serves it (half the bytes of f32, and
+/// exactly what they would round to), else f32 (lossless for any server).
+pub fn wire_dtype(served: &[DType]) -> DType {
+    match served {
+        [first, rest @ ..]
+            if matches!(first, DType::DtypeBf16 | DType::DtypeF16) && rest.iter().all(|d| d == first) =>
+        {
+            *first
+        }
+        _ => DType::DtypeF32,
+    }
+}
+
+/// A tensor's elements in `dtype`, little-endian, row-major.
+fn wire_bytes(tensor: &Tensor, dtype: DType) -> Vec<u8> {
+    let flat = tensor.detach().to_device(Device::Cpu).flatten(0, -1);
+    match dtype {
+        DType::DtypeBf16 | DType::DtypeF16 => {
+            let kind = if dtype == DType::DtypeBf16 { Kind::BFloat16 } else { Kind::Half };
+            let bits = flat.to_kind(kind).contiguous().view_dtype(Kind::Int16);
+            Vec::<i16>::try_from(&bits).expect("16-bit tensor").iter().flat_map(|v| v.to_le_bytes()).collect()
+        }
+        _ => Vec::<f32>::try_from(&flat.to_kind(Kind::Float))
+            .expect("f32 tensor")
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect(),
+    }
+}
+
+/// The requests of one update: a header, then every tensor in chunks of
+/// `dtype` (see [`wire_dtype`]).
+pub fn update_requests(version: u64, tensors: &[(String, Tensor)], dtype: DType) -> Vec<UpdateWeightsRequest> {
     let header = WeightsHeader { version, tensor_count: tensors.len() as u32, checkpoint_uri: String::new() };
     let mut requests = vec![UpdateWeightsRequest { part: Some(Part::Header(header)) }];
     for (name, tensor) in tensors {
         let shape: Vec<u64> = tensor.size().iter().map(|&d| d as u64).collect();
-        let values = Vec::<f32>::try_from(&tensor.to_kind(Kind::Float).to_device(Device::Cpu).flatten(0, -1))
-            .expect("f32 tensor");
-        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let bytes = wire_bytes(tensor, dtype);
         for (i, chunk) in bytes.chunks(CHUNK_BYTES).enumerate() {
             requests.push(UpdateWeightsRequest {
                 part: Some(Part::Tensor(TensorChunk {
                     name: name.clone(),
-                    dtype: DType::DtypeF32 as i32,
+                    dtype: dtype as i32,
                     shape: shape.clone(),
                     byte_offset: (i * CHUNK_BYTES) as u64,
                     data: chunk.to_vec(),
@@ -52,7 +82,7 @@ pub fn update_requests(version: u64, tensors: &[(String, Tensor)]) -> Vec<Update
             requests.push(UpdateWeightsRequest {
                 part: Some(Part::Tensor(TensorChunk {
                     name: name.clone(),
-                    dtype: DType::DtypeF32 as i32,
+                    dtype: dtype as i32,
                     shape,
                     ..Default::default()
                 })),
@@ -88,6 +118,8 @@ pub struct Published {
     /// Those of `failures` that refused the weights themselves (names or
     /// shapes it does not have), which no retry mends.
     pub refusals: Vec<String>,
+    /// Weight bytes the servers received, summed over servers.
+    pub bytes: u64,
     /// How long the publication took.
     pub elapsed: Duration,
 }
@@ -125,14 +157,14 @@ impl Publisher {
         self.servers.current().into_iter().map(|(address, client)| (address, (*client).clone())).collect()
     }
 
-    /// The version each server reports serving, in server order; `None`
-    /// for a server that does not answer (it is left for the next check).
-    async fn served_versions(&self) -> Vec<(String, Option<u64>)> {
+    /// The version and dtype each server reports serving, in server order;
+    /// `None` for a server that does not answer (it is left for the next check).
+    async fn served(&self) -> Vec<(String, Option<(u64, DType)>)> {
         let calls = self.snapshot().into_iter().map(|(address, client)| {
             let mut client = client.clone();
             async move {
                 let served = match client.get_model_info(GetModelInfoRequest {}).await {
-                    Ok(info) => Some(info.get_ref().policy_version),
+                    Ok(info) => Some((info.get_ref().policy_version, info.get_ref().dtype())),
                     Err(status) => {
                         tracing::debug!(server = %address, message = status.message(), "policy server did not report its version");
                         None
@@ -144,11 +176,17 @@ impl Publisher {
         futures::future::join_all(calls).await
     }
 
+    /// The dtype to send weights in ([`wire_dtype`] of what the answering servers serve).
+    pub async fn wire_dtype(&self) -> DType {
+        let served: Vec<DType> = self.served().await.into_iter().filter_map(|(_, s)| s.map(|(_, d)| d)).collect();
+        wire_dtype(&served)
+    }
+
     /// The servers serving a version older than `version`.
     pub async fn behind(&self, version: u64) -> Vec<String> {
         let mut behind = Vec::new();
-        for (address, served) in self.served_versions().await {
-            if let Some(serves) = served.filter(|&v| v < version) {
+        for (address, served) in self.served().await {
+            if let Some(serves) = served.map(|(v, _)| v).filter(|&v| v < version) {
                 tracing::warn!(server = %address, serves, current = version, "policy server behind the learner; publishing the current weights to it");
                 behind.push(address);
             }
@@ -158,7 +196,7 @@ impl Publisher {
 
     /// The newest version any server reports serving (0 when none answers).
     pub async fn newest_served(&self) -> u64 {
-        self.served_versions().await.into_iter().filter_map(|(_, served)| served).max().unwrap_or(0)
+        self.served().await.into_iter().filter_map(|(_, served)| served.map(|(v, _)| v)).max().unwrap_or(0)
     }
 
     /// Sends `requests` to every server concurrently.
@@ -190,7 +228,10 @@ impl Publisher {
         let mut published = Published::default();
         for (address, result) in futures::future::join_all(calls).instrument(span).await {
             match result {
-                Ok(_) => published.servers_updated += 1,
+                Ok(response) => {
+                    published.servers_updated += 1;
+                    published.bytes += response.get_ref().bytes_received;
+                }
                 Err(status) => {
                     tracing::warn!(server = %address, code = ?status.code(), message = status.message(), "weight update failed");
                     let failure = format!("{address}: {}", status.message());
@@ -217,8 +258,9 @@ pub(crate) async fn reconcile(trainer: Trainer, sources: &Sources, step: u64) ->
     if behind.is_empty() {
         return Ok(trainer);
     }
+    let wire = sources.publisher.wire_dtype().await;
     let (trainer, requests) =
-        crate::learn::blocking(trainer, move |t| update_requests(step, &t.named_tensors())).await?;
+        crate::learn::blocking(trainer, move |t| update_requests(step, &t.named_tensors(), wire)).await?;
     let published = sources.publisher.publish_to(&behind, requests).await;
     tracing::info!(
         version = step,
@@ -297,8 +339,9 @@ pub(crate) async fn republish(
     if sources.publisher.is_empty() {
         return Ok(trainer);
     }
+    let wire = sources.publisher.wire_dtype().await;
     let (trainer, requests) =
-        crate::learn::blocking(trainer, move |t| update_requests(version, &t.named_tensors())).await?;
+        crate::learn::blocking(trainer, move |t| update_requests(version, &t.named_tensors(), wire)).await?;
     let published = sources.publisher.publish(requests).await;
     if let Some(refusal) = published.refusals.first() {
         // A server that cannot take these weights (another architecture) would hold the run's turns for good.
@@ -310,37 +353,74 @@ pub(crate) async fn republish(
     Ok(trainer)
 }
 
-/// Sends the new weights to the policy servers; returns how long it took.
+/// Sends the new weights to the policy servers; says how it went.
 pub(crate) async fn publish_step(
     requests: Option<Vec<UpdateWeightsRequest>>,
     sources: &Sources,
     version: u64,
-) -> Duration {
-    let Some(requests) = requests else { return Duration::ZERO };
+) -> Published {
+    let Some(requests) = requests else { return Published::default() };
     let published = sources.publisher.publish(requests).await;
     tracing::info!(
         version,
         servers = published.servers_updated,
         failures = published.failures.len(),
+        bytes = published.bytes,
         seconds = published.elapsed.as_secs_f64(),
         "weights published"
     );
-    published.elapsed
+    published
 }
 
 #[cfg(test)]
 mod tests {
     use prost::Message;
 
+    use sleuth_proto::policy::v1::DType;
+    use sleuth_proto::policy::v1::update_weights_request::Part;
+    use tch::{Device, Kind, Tensor};
+
     /// Every message of an update fits the servers' default 4 MiB limit, for
     /// a tensor as large as a real embedding.
     #[test]
     fn update_messages_fit_the_grpc_limit() {
-        let embedding = tch::Tensor::zeros([49_152, 64], (tch::Kind::Float, tch::Device::Cpu));
-        let requests = super::update_requests(3, &[("model.embed_tokens.weight".into(), embedding)]);
+        let embedding = Tensor::zeros([49_152, 64], (Kind::Float, Device::Cpu));
+        let requests = super::update_requests(3, &[("model.embed_tokens.weight".into(), embedding)], DType::DtypeF32);
         assert_eq!(requests.len(), 1 + (49_152 * 64 * 4usize).div_ceil(super::CHUNK_BYTES));
         for request in &requests {
             assert!(request.encoded_len() < 4 << 20, "{} bytes", request.encoded_len());
         }
+    }
+
+    /// Servers that all serve bf16 get bf16 (half the bytes) holding exactly
+    /// the values they would round f32 to; any f32 server, or a mix, gets f32.
+    #[test]
+    fn weights_travel_in_the_served_dtype_when_every_server_serves_it() {
+        use super::wire_dtype;
+        assert_eq!(wire_dtype(&[DType::DtypeBf16, DType::DtypeBf16]), DType::DtypeBf16);
+        assert_eq!(wire_dtype(&[DType::DtypeF16]), DType::DtypeF16);
+        assert_eq!(wire_dtype(&[DType::DtypeBf16, DType::DtypeF32]), DType::DtypeF32);
+        assert_eq!(wire_dtype(&[DType::DtypeBf16, DType::DtypeF16]), DType::DtypeF32);
+        assert_eq!(wire_dtype(&[]), DType::DtypeF32);
+
+        let weights = Tensor::randn([300, 7], (Kind::Float, Device::Cpu));
+        let bytes = |dtype| -> Vec<u8> {
+            super::update_requests(1, &[("w".into(), weights.shallow_clone())], dtype)
+                .into_iter()
+                .filter_map(|r| match r.part {
+                    Some(Part::Tensor(chunk)) => {
+                        assert_eq!(chunk.dtype, dtype as i32);
+                        Some(chunk.data)
+                    }
+                    _ => None,
+                })
+                .flatten()
+                .collect()
+        };
+        let (f32_bytes, bf16_bytes) = (bytes(DType::DtypeF32), bytes(DType::DtypeBf16));
+        assert_eq!((f32_bytes.len(), bf16_bytes.len()), (300 * 7 * 4, 300 * 7 * 2));
+        let bits: Vec<i16> = bf16_bytes.chunks_exact(2).map(|b| i16::from_le_bytes([b[0], b[1]])).collect();
+        let received = Tensor::from_slice(&bits).view_dtype(Kind::BFloat16).view([300, 7]);
+        assert!(received.equal(&weights.to_kind(Kind::BFloat16)), "bf16 on the wire is the served rounding");
     }
 }

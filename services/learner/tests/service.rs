@@ -261,11 +261,49 @@ async fn published_weights_change_the_policy_server() -> Result<()> {
 
     let info = policy.get_model_info(GetModelInfoRequest {}).await?.into_inner();
     assert_eq!(info.policy_version, 1, "the server serves the learner's step-1 weights");
+    let recorded = learner::records::steps(&sleuth_store::Database::open(&database)?, "publish").await?;
+    assert_eq!(recorded[0].1["publish_bytes"], info.num_parameters * 4, "an f32 server gets f32");
     let after = policy.generate(greedy).await?.into_inner();
     assert_eq!(after.policy_versions.first(), Some(&1));
     assert_ne!(after.model_logprobs, before.model_logprobs, "new weights, new distribution");
     assert_eq!(sleuth_store::trajectories::learner_version(&redis, "publish").await?, 1);
     assert!(checkpoints.join("publish/step-00000001/hf/config.json").is_file());
+    Ok(())
+}
+
+/// A policy server serving bf16 gets the learner's weights in bf16: half
+/// the bytes of f32, and the step's weights as the server rounds them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bf16_policy_server_gets_weights_in_bf16() -> Result<()> {
+    use sleuth_proto::policy::v1::policy_server_client::PolicyServerClient;
+    use sleuth_proto::policy::v1::{DType, GetModelInfoRequest};
+
+    let scratch = tempfile::tempdir()?;
+    let model = scratch.path().join("model");
+    tiny_model(&model)?;
+    let model = model.to_str().context("utf-8")?.to_owned();
+    let redis_server = sleuth_testkit::redis()?;
+    let redis_url = sleuth_testkit::redis_url(&redis_server);
+    let mut args = sleuth_testkit::service::policy_server_args(&model, &[]);
+    let at = args.iter().position(|a| a == "--dtype").context("the server's --dtype")?;
+    args[at + 1] = "bf16".into();
+    let (policy_addr, _policy) = sleuth_testkit::start_service!(policy_server, args);
+    sleuth_testkit::service::wait_serving(&policy_addr, "sleuth.policy.v1.PolicyServer").await?;
+    let redis = RedisStore::open(&redis_url)?;
+    for i in 0..2 {
+        publish(&redis, "bf16", &group(i, false).encode_to_vec()).await?;
+    }
+    let database = format!("sqlite://{}", scratch.path().join("runs.db").display());
+    let checkpoints = scratch.path().join("checkpoints");
+    let flags = ["--policy-servers", policy_addr.as_str()];
+    train_one_step("bf16", &model, &redis_url, &database, checkpoints.to_str().context("utf-8")?, &flags).await?;
+
+    let mut policy =
+        PolicyServerClient::new(sleuth_kit::client::connect(&policy_addr, None, Duration::from_secs(5)).await?);
+    let info = policy.get_model_info(GetModelInfoRequest {}).await?.into_inner();
+    assert_eq!((info.dtype(), info.policy_version), (DType::DtypeBf16, 1));
+    let recorded = learner::records::steps(&sleuth_store::Database::open(&database)?, "bf16").await?;
+    assert_eq!(recorded[0].1["publish_bytes"], info.num_parameters * 2, "bf16 on the wire");
     Ok(())
 }
 
