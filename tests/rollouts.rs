@@ -384,6 +384,7 @@ async fn the_bm25_baseline_evaluation_reproduces_the_tool_gateway_figure() -> Re
             ("SLEUTH_DATABASE_URL", format!("sqlite://{}", scratch.path().join("runs.db").display())),
             ("SLEUTH_TOOL_GATEWAY", tools.addr.clone()),
             ("SLEUTH_REPORT_DIR", reports.display().to_string()),
+            ("SLEUTH_TASK_ROOTS", source.display().to_string()),
         ],
     )?;
     sleuth_testkit::service::wait_serving(&orchestrator.addr, "sleuth.rollout.v1.RolloutOrchestrator").await?;

@@ -47,6 +47,9 @@ mesh_init() {
   export SLEUTH_AUTH_TOKEN SLEUTH_REDIS_URL="redis://127.0.0.1:$redis_port/0"
   export SLEUTH_DATABASE_URL="sqlite://$mesh_work/sleuth.db" SLEUTH_DEVICE=cpu SLEUTH_DRAIN_TIMEOUT=5s
   export SLEUTH_CHECKPOINT_URI="$mesh_work/checkpoints" SLEUTH_REPORT_DIR="$mesh_work/evaluations"
+  # A local mesh serves its own user, on loopback: task sets (SOURCE, COLLECTION) may be
+  # any directory of this machine. A shared orchestrator names its data folders instead.
+  export SLEUTH_TASK_ROOTS="${SLEUTH_TASK_ROOTS:-/}"
   export SLEUTH_POLICY_SERVERS="127.0.0.1:${mesh_port[policy-server]}"
   export SLEUTH_INFERENCE_GATEWAY="127.0.0.1:${mesh_port[inference-gateway]}"
   export SLEUTH_TOOL_GATEWAY="127.0.0.1:${mesh_port[tool-gateway]}"

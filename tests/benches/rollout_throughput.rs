@@ -42,6 +42,7 @@ async fn main() -> Result<()> {
                     format!("sqlite://{}", scratch.path().join(format!("runs-{workers}.db")).display()),
                 ),
                 ("SLEUTH_AGENT_WORKERS", addresses.join(",")),
+                ("SLEUTH_TASK_ROOTS", index.parent().map(|p| p.display().to_string()).unwrap_or_default()),
             ],
         )?;
         sleuth_testkit::service::wait_serving(&orchestrator.addr, "sleuth.rollout.v1.RolloutOrchestrator").await?;

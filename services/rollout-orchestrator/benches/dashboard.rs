@@ -16,7 +16,6 @@
 //!
 //!     cargo bench -p rollout-orchestrator --bench dashboard    (or `make bench`)
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use prost::Message;
@@ -266,7 +265,8 @@ async fn main() -> anyhow::Result<()> {
         tools: None,
         workers: workers.clone(),
         report_dir: reports.clone(),
-        jobs: Arc::default(),
+        jobs: rollout_orchestrator::jobs::Jobs::new(reports.clone()),
+        task_roots: sleuth_store::LocalRoots { roots: Vec::new(), setting: "SLEUTH_TASK_ROOTS" },
         judge: None,
     };
     let runner =

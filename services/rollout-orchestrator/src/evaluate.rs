@@ -7,11 +7,12 @@
 //! `baseline:vector`, `baseline:hybrid`, `baseline:rm3` (one search of the
 //! question; rm3 is BM25 with RM3 pseudo-relevance feedback).
 //! Each job writes `<report_dir>/<id>.run` (TREC run file of each task's
-//! first sample) and `<report_dir>/<id>.json` (the metrics).
+//! first sample), `<report_dir>/<id>.json` (the metrics) and, once it ends,
+//! `<report_dir>/<id>.evaluation.pb` (the job itself, see [`crate::jobs`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use futures::StreamExt;
 use sleuth_kit::client::MeshChannel;
@@ -143,9 +144,12 @@ pub struct Evaluator {
     pub tools: Option<ToolGatewayClient<MeshChannel>>,
     pub workers: Workers,
     pub report_dir: PathBuf,
-    pub jobs: Arc<Mutex<BTreeMap<String, Evaluation>>>,
+    /// Running and finished jobs (bounded; finished ones kept on disk).
+    pub jobs: crate::jobs::Jobs,
     /// The judge of the `judge` reward, when one is configured.
     pub judge: Option<Arc<crate::judge::Judge>>,
+    /// Where task sets may be read from (`--task-roots`).
+    pub task_roots: sleuth_store::LocalRoots,
 }
 
 impl Evaluator {
@@ -154,25 +158,33 @@ impl Evaluator {
         Scorer::of_spec(spec, self.judge.as_ref())
     }
 
-    pub fn get(&self, id: &str) -> Option<Evaluation> {
-        self.jobs.lock().expect("jobs").get(id).cloned()
+    /// The job `id`, running or finished (see [`crate::jobs`]).
+    pub fn get(&self, id: &str) -> Result<Option<Evaluation>, String> {
+        self.jobs.get(id)
     }
 
-    /// Validates and starts a job; returns its first state.
-    pub fn start(&self, request: EvaluateRequest) -> Result<Evaluation, String> {
+    /// Validates and starts a job; returns its first state. The task set is
+    /// read off the runtime (blocking file I/O); a job beyond
+    /// [`crate::jobs::MAX_RUNNING`] is refused as resource exhausted.
+    pub async fn start(&self, request: EvaluateRequest) -> Result<Evaluation, tonic::Status> {
+        let invalid = tonic::Status::invalid_argument;
         let most = crate::spec::MAX_SAMPLES_PER_TASK;
         if request.samples_per_task > most {
-            return Err(format!("samples_per_task must be 0..={most} (0 means 1), got {}", request.samples_per_task));
+            return Err(invalid(format!(
+                "samples_per_task must be 0..={most} (0 means 1), got {}",
+                request.samples_per_task
+            )));
         }
-        let contender = Contender::parse(&request.policy.as_ref().map(|p| p.model_uri.clone()).unwrap_or_default())?;
-        let set = request.tasks.clone().ok_or("tasks is required")?;
-        let tasks = crate::tasks::load(&set, "tasks")?;
-        let scorer = self.scorer(request.reward.as_ref()).map_err(|e| format!("reward.{e}"))?;
+        let contender = Contender::parse(&request.policy.as_ref().map(|p| p.model_uri.clone()).unwrap_or_default())
+            .map_err(invalid)?;
+        let set = request.tasks.clone().ok_or_else(|| invalid("tasks is required".into()))?;
+        let tasks = crate::tasks::load_off_runtime(set, "tasks", self.task_roots.clone()).await.map_err(invalid)?;
+        let scorer = self.scorer(request.reward.as_ref()).map_err(|e| invalid(format!("reward.{e}")))?;
         if matches!(contender, Contender::Policy) {
-            sleuth_metrics::reward::check_tasks(scorer.reward(), &tasks).map_err(|e| format!("tasks: {e}"))?;
+            sleuth_metrics::reward::check_tasks(scorer.reward(), &tasks).map_err(|e| invalid(format!("tasks: {e}")))?;
         }
         if matches!(contender, Contender::Baseline(_)) && self.tools.is_none() {
-            return Err("baselines need the orchestrator's tool_gateway address (SLEUTH_TOOL_GATEWAY)".into());
+            return Err(invalid("baselines need the orchestrator's tool_gateway address (SLEUTH_TOOL_GATEWAY)".into()));
         }
         let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
         let id = format!("eval-{nanos:x}");
@@ -182,29 +194,26 @@ impl Evaluator {
             tasks_total: tasks.len() as u64,
             ..Default::default()
         };
-        self.jobs.lock().expect("jobs").insert(id.clone(), evaluation.clone());
+        self.jobs.begin(evaluation.clone()).map_err(tonic::Status::resource_exhausted)?;
         let evaluator = self.clone();
         tokio::spawn(async move {
             let result = evaluator.run(&id, contender, tasks, &request, &scorer, None).await;
-            let mut jobs = evaluator.jobs.lock().expect("jobs");
-            if let Some(job) = jobs.get_mut(&id) {
-                match result {
-                    Ok(Outcome { metrics, per_task }) => {
-                        job.metrics = metrics;
-                        job.per_task_ndcg = ndcg_by_task(&per_task).into_iter().collect();
-                        job.per_task = per_task
-                            .into_iter()
-                            .map(|(task, metrics)| (task, TaskMetrics { metrics: metrics.into_iter().collect() }))
-                            .collect();
-                        job.status = RunStatus::Succeeded as i32;
-                    }
-                    Err(error) => {
-                        tracing::error!(evaluation = %id, %error, "evaluation failed");
-                        job.status = RunStatus::Failed as i32;
-                        job.status_detail = error;
-                    }
+            evaluator.jobs.finish(&id, |job| match result {
+                Ok(Outcome { metrics, per_task }) => {
+                    job.metrics = metrics;
+                    job.per_task_ndcg = ndcg_by_task(&per_task).into_iter().collect();
+                    job.per_task = per_task
+                        .into_iter()
+                        .map(|(task, metrics)| (task, TaskMetrics { metrics: metrics.into_iter().collect() }))
+                        .collect();
+                    job.status = RunStatus::Succeeded as i32;
                 }
-            }
+                Err(error) => {
+                    tracing::error!(evaluation = %id, %error, "evaluation failed");
+                    job.status = RunStatus::Failed as i32;
+                    job.status_detail = error;
+                }
+            });
         });
         Ok(evaluation)
     }
@@ -235,9 +244,7 @@ impl Evaluator {
                             this.policy(&id, of_run.as_deref(), &task, samples, &request, &scorer).await
                         }
                     };
-                    if let Some(job) = this.jobs.lock().expect("jobs").get_mut(&id) {
-                        job.tasks_done += 1;
-                    }
+                    this.jobs.update(&id, |job| job.tasks_done += 1);
                     scored
                 }
             })

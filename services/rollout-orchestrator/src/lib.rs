@@ -14,6 +14,7 @@
 
 pub mod dashboard;
 pub mod evaluate;
+pub mod jobs;
 pub mod judge;
 pub mod runs;
 pub mod scoring;
@@ -25,7 +26,6 @@ pub mod workers;
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use sleuth_kit::{ErrorKind, GrpcService, KitError, ServeArgs, ServiceError, TelemetryArgs};
@@ -74,6 +74,12 @@ pub struct Config {
     /// Tool gateway for evaluation baselines (host:port); unset = no baselines.
     #[arg(long, env = "SLEUTH_TOOL_GATEWAY")]
     pub tool_gateway: Option<String>,
+
+    /// The directories task sets (BEIR collections named in run specs and
+    /// evaluations) may be read from; a source elsewhere is refused. Empty:
+    /// no local task set is read.
+    #[arg(long, env = "SLEUTH_TASK_ROOTS", value_delimiter = ',')]
+    pub task_roots: Vec<std::path::PathBuf>,
 
     /// Where evaluation jobs write their TREC run files and JSON reports.
     #[arg(long, env = "SLEUTH_REPORT_DIR", default_value = "evaluations")]
@@ -149,7 +155,12 @@ impl RolloutOrchestrator for Handlers {
     async fn create_run(&self, request: Request<pb::CreateRunRequest>) -> Result<Response<pb::Run>, Status> {
         let request = request.into_inner();
         let spec = request.spec.ok_or_else(|| Status::invalid_argument("spec is required"))?;
-        spec::validate(&spec).map_err(Status::invalid_argument)?;
+        // It reads the task sets: blocking file I/O, off the runtime.
+        let (checked, roots) = (spec.clone(), self.runner.evaluator.task_roots.clone());
+        tokio::task::spawn_blocking(move || spec::validate(&checked, &roots))
+            .await
+            .map_err(|e| Status::internal(format!("checking the spec stopped: {e}")))?
+            .map_err(Status::invalid_argument)?;
         scoring::Scorer::of_spec(spec.reward.as_ref(), self.runner.evaluator.judge.as_ref())
             .map_err(|e| Status::invalid_argument(format!("spec.reward.{e}")))?;
         let run_id = if request.run_id.is_empty() {
@@ -246,7 +257,7 @@ impl RolloutOrchestrator for Handlers {
     }
 
     async fn evaluate(&self, request: Request<pb::EvaluateRequest>) -> Result<Response<pb::Evaluation>, Status> {
-        Ok(Response::new(self.evaluator.start(request.into_inner()).map_err(Status::invalid_argument)?))
+        Ok(Response::new(self.evaluator.start(request.into_inner()).await?))
     }
 
     async fn get_evaluation(
@@ -254,9 +265,13 @@ impl RolloutOrchestrator for Handlers {
         request: Request<pb::GetEvaluationRequest>,
     ) -> Result<Response<pb::Evaluation>, Status> {
         let id = request.into_inner().evaluation_id;
-        self.evaluator.get(&id).map(Response::new).ok_or_else(|| {
-            Status::not_found(format!("no evaluation {id:?} (jobs are kept until the orchestrator restarts)"))
-        })
+        match self.evaluator.get(&id) {
+            Ok(Some(job)) => Ok(Response::new(job)),
+            Ok(None) => Err(Status::not_found(format!(
+                "no evaluation {id:?} (a job that was running when the orchestrator stopped is not kept)"
+            ))),
+            Err(why) => Err(Status::invalid_argument(why)),
+        }
     }
 
     async fn watch_run(
@@ -335,7 +350,8 @@ pub async fn run(
         tools,
         workers: workers.clone(),
         report_dir: config.report_dir.clone(),
-        jobs: Arc::new(Mutex::default()),
+        jobs: jobs::Jobs::new(config.report_dir.clone()),
+        task_roots: sleuth_store::LocalRoots { roots: config.task_roots.clone(), setting: tasks::ROOTS_SETTING },
         judge: judge::Judge::from_args(&config.judge)
             .map_err(|message| KitError::Config { field: "judge", message })?,
     };

@@ -192,7 +192,8 @@ impl Runner {
 
     async fn drive(&self, run_id: &str, spec: &RunSpec, mut cancelled: watch::Receiver<bool>) -> Result<(), String> {
         let train = spec.train.as_ref().ok_or("spec.train is required")?;
-        let tasks = crate::tasks::load(train, "spec.train")?;
+        let tasks =
+            crate::tasks::load_off_runtime(train.clone(), "spec.train", self.evaluator.task_roots.clone()).await?;
         let scorer = self.evaluator.scorer(spec.reward.as_ref()).map_err(|e| format!("spec.reward.{e}"))?;
         let epochs = spec.max_epochs.max(1) as usize;
         let batch = spec.global_batch_size.max(1) as usize;
@@ -217,7 +218,8 @@ impl Runner {
             self.state.clone(),
             self.redis.clone(),
             self.evaluator.clone(),
-        )?;
+        )
+        .await?;
         let held = validator.as_ref().map(|v| v.held.clone()).unwrap_or_default();
         let (trained, training_over) = watch::channel(false);
         // In a JoinSet, so that a drive ending early (a group's error) aborts

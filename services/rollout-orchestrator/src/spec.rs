@@ -10,7 +10,7 @@ use crate::tasks;
 
 /// Validation during training needs both a validation set and an interval,
 /// and a validation set that shares no question with the training set.
-fn validate_validation(spec: &pb::RunSpec, train: &[Task]) -> Result<(), String> {
+fn validate_validation(spec: &pb::RunSpec, train: &[Task], roots: &sleuth_store::LocalRoots) -> Result<(), String> {
     let eval_every = spec.training.as_ref().map_or(0, |t| t.eval_every);
     let Some(set) = &spec.validation else {
         if eval_every > 0 {
@@ -21,7 +21,7 @@ fn validate_validation(spec: &pb::RunSpec, train: &[Task]) -> Result<(), String>
     if eval_every == 0 {
         return Err("spec.validation needs spec.training.eval_every (validate every this many versions)".into());
     }
-    let validation = tasks::load(set, "spec.validation")?;
+    let validation = tasks::load(set, "spec.validation", roots)?;
     let trained: std::collections::HashSet<(&str, &str)> =
         train.iter().map(|t| (t.collection.as_str(), t.task_id.as_str())).collect();
     if let Some(shared) = validation.iter().find(|t| trained.contains(&(t.collection.as_str(), t.task_id.as_str()))) {
@@ -73,7 +73,7 @@ fn validate_model_uri(uri: &str) -> Result<(), String> {
 pub const MAX_SAMPLES_PER_TASK: u32 = 64;
 
 /// Checks a run spec, naming the first bad field.
-pub fn validate(spec: &pb::RunSpec) -> Result<(), String> {
+pub fn validate(spec: &pb::RunSpec, roots: &sleuth_store::LocalRoots) -> Result<(), String> {
     if !(1..=MAX_SAMPLES_PER_TASK).contains(&spec.group_size) {
         return Err(format!("spec.group_size must be 1..={MAX_SAMPLES_PER_TASK}, got {}", spec.group_size));
     }
@@ -130,15 +130,20 @@ pub fn validate(spec: &pb::RunSpec) -> Result<(), String> {
     }
     let reward = sleuth_metrics::reward::of_spec(spec.reward.as_ref()).map_err(|e| format!("spec.reward.{e}"))?;
     // Last: they read the task sets.
-    let train = tasks::load(train, "spec.train")?;
+    let train = tasks::load(train, "spec.train", roots)?;
     sleuth_metrics::reward::check_tasks(reward.as_ref(), &train).map_err(|e| format!("spec.train: {e}"))?;
-    validate_validation(spec, &train)?;
+    validate_validation(spec, &train, roots)?;
     Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every local path: these tests check the spec, not the roots.
+    fn validate(spec: &pb::RunSpec) -> Result<(), String> {
+        super::validate(spec, &sleuth_store::LocalRoots { roots: vec!["/".into()], setting: tasks::ROOTS_SETTING })
+    }
 
     #[test]
     fn a_teacher_and_its_settings_are_checked() {

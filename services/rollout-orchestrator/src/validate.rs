@@ -55,7 +55,7 @@ pub struct Validator {
 
 impl Validator {
     /// The validator of `spec`'s run, or `None` when it names no validation.
-    pub fn new(
+    pub async fn new(
         run_id: &str,
         spec: &RunSpec,
         groups: u64,
@@ -66,7 +66,8 @@ impl Validator {
     ) -> Result<Option<Self>, String> {
         let eval_every = spec.training.as_ref().map_or(0, |t| u64::from(t.eval_every));
         let Some(set) = spec.validation.clone().filter(|_| eval_every > 0) else { return Ok(None) };
-        let tasks = crate::tasks::load(&set, "spec.validation")?;
+        let tasks =
+            crate::tasks::load_off_runtime(set.clone(), "spec.validation", evaluator.task_roots.clone()).await?;
         let mut agent = spec.agent.clone().unwrap_or_default();
         agent.teacher.clear(); // the policy is judged, not the teacher that wrote its data
         agent.sampling = Some(SamplingParams { temperature: Some(0.0), ..agent.sampling.unwrap_or_default() });

@@ -4,7 +4,6 @@
 //! that name them, long lists are paged, and an episode whose group was
 //! recorded before trajectories were kept says so instead of failing.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Result;
@@ -31,7 +30,8 @@ async fn dashboard(dir: &std::path::Path) -> Result<(Dashboard, State)> {
         tools: None,
         workers: workers.clone(),
         report_dir: report_dir.clone(),
-        jobs: Arc::default(),
+        jobs: rollout_orchestrator::jobs::Jobs::new(report_dir.clone()),
+        task_roots: sleuth_store::LocalRoots { roots: Vec::new(), setting: "SLEUTH_TASK_ROOTS" },
         judge: None,
     };
     let runner = Runner::new(

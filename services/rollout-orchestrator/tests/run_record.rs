@@ -59,6 +59,7 @@ macro_rules! orchestrator {
             &format!("--redis-url={}", $redis),
             &format!("--agent-workers={}", $workers),
             &format!("--report-dir={}", $dir.join("evaluations").display()),
+            &format!("--task-roots={}", $dir.display()),
         ];
         let (addr, running) = sleuth_testkit::start_service!(rollout_orchestrator, args);
         let client = RolloutOrchestratorClient::connect(format!("http://{addr}")).await?;
