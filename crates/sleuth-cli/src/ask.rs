@@ -52,8 +52,10 @@ pub async fn run(args: AskArgs) -> anyhow::Result<()> {
         min_policy_version: 0,
     };
     let started = Instant::now();
-    let response =
-        PolicyServerClient::new(channel).generate(request).await.map_err(|s| anyhow::anyhow!("{}", s.message()))?;
+    let response = sleuth_kit::sized!(PolicyServerClient::new(channel))
+        .generate(request)
+        .await
+        .map_err(|s| anyhow::anyhow!("{}", s.message()))?;
     let response = response.into_inner();
     let answer = tokenizer.decode(&response.token_ids, true).map_err(|e| anyhow::anyhow!("tokenizer: {e}"))?;
     println!("{}", answer.trim());

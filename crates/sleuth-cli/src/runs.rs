@@ -140,7 +140,7 @@ async fn connected(
     token: Option<BearerToken>,
 ) -> anyhow::Result<RolloutOrchestratorClient<MeshChannel>> {
     let channel = sleuth_kit::client::connect(&endpoint.orchestrator, token.as_ref(), Duration::from_secs(5)).await?;
-    Ok(RolloutOrchestratorClient::new(channel))
+    Ok(sleuth_kit::sized!(RolloutOrchestratorClient::new(channel)))
 }
 
 fn status_name(status: i32) -> &'static str {

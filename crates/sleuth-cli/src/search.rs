@@ -36,8 +36,10 @@ pub async fn run(args: SearchArgs) -> anyhow::Result<()> {
         _ => SearchMethod::Bm25,
     };
     let request = SearchRequest { collection: args.collection, query: args.query, k: args.k, method: method as i32 };
-    let response =
-        ToolGatewayClient::new(channel).search(request).await.map_err(|s| anyhow::anyhow!("{}", s.message()))?;
+    let response = sleuth_kit::sized!(ToolGatewayClient::new(channel))
+        .search(request)
+        .await
+        .map_err(|s| anyhow::anyhow!("{}", s.message()))?;
     let response = response.into_inner();
     for (rank, hit) in response.hits.iter().enumerate() {
         println!("{:>3}. {:>8.4}  {}  {}", rank + 1, hit.score, hit.doc_id, hit.title.trim());

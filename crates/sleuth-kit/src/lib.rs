@@ -12,6 +12,7 @@ pub mod config;
 pub mod error;
 pub mod fault;
 pub mod health;
+pub mod limits;
 pub mod metrics;
 pub mod names;
 pub mod pause;

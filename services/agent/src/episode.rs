@@ -69,6 +69,13 @@ pub fn validate(request: &RunEpisodeRequest) -> Result<(), String> {
     if budget.max_turns > 256 {
         return Err(format!("config.budget.max_turns must be at most 256, got {}", budget.max_turns));
     }
+    let most = sleuth_kit::limits::MAX_EPISODE_TOKENS;
+    if budget.max_episode_tokens > most {
+        return Err(format!(
+            "config.budget.max_episode_tokens must be at most {most} (what one message may carry back), got {}",
+            budget.max_episode_tokens
+        ));
+    }
     Ok(())
 }
 

@@ -149,13 +149,13 @@ pub async fn run(
         sleuth_discovery::balanced_channel("inference_gateway", &config.inference_gateway, token.as_ref()).await?;
     let tools = sleuth_discovery::balanced_channel("tool_gateway", &config.tool_gateway, token.as_ref()).await?;
     let clients = episode::Clients {
-        model: InferenceGatewayClient::new(model.clone()),
-        tools: ToolGatewayClient::new(tools.clone()),
+        model: sleuth_kit::sized!(InferenceGatewayClient::new(model.clone())),
+        tools: sleuth_kit::sized!(ToolGatewayClient::new(tools.clone())),
         tool_timeout: config.tool_timeout,
         model_timeout: config.model_timeout,
     };
     let handlers = Handlers { clients, slots: Arc::new(Semaphore::new(config.max_episodes as usize)) };
-    let service = GrpcService::new(AgentServer::new(handlers))
+    let service = GrpcService::new(sleuth_kit::sized!(AgentServer::new(handlers)))
         .with_probe(sleuth_kit::client::upstream_probe_on(
             "inference-gateway",
             &config.inference_gateway,

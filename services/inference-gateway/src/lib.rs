@@ -123,7 +123,8 @@ pub async fn run(
             tracing::error!(%error, "http server failed");
         }
     });
-    let mut service = GrpcService::new(InferenceGatewayServer::from_arc(handlers)).with_probe(redis.probe());
+    let mut service =
+        GrpcService::new(sleuth_kit::sized!(InferenceGatewayServer::from_arc(handlers))).with_probe(redis.probe());
     // Fixed replicas must answer before the gateway serves; discovered ones
     // are ready endpoints already.
     for address in config.policy_servers.iter().filter(|a| !a.starts_with("kube://")) {

@@ -109,7 +109,10 @@ impl Replicas {
         let mut replicas = self.replicas.write().expect("replicas");
         match change {
             Change::Insert(key, address) => {
-                let client = PolicyServerClient::new(sleuth_kit::client::connect_lazy(&address, self.token.as_ref())?);
+                let client = sleuth_kit::sized!(PolicyServerClient::new(sleuth_kit::client::connect_lazy(
+                    &address,
+                    self.token.as_ref()
+                )?));
                 tracing::info!(replica = %address, "policy replica joined");
                 replicas.insert(key, Replica { address, client });
             }

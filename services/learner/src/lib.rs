@@ -169,7 +169,7 @@ pub async fn run(
         Some(orchestrator) => format!("waiting for run {} on the orchestrator at {orchestrator}", config.run_id),
         None => format!("loading the model for run {}", config.run_id),
     });
-    let service = GrpcService::new(LearnerServer::new(starting.clone()))
+    let service = GrpcService::new(sleuth_kit::sized!(LearnerServer::new(starting.clone())))
         .with_probe(starting.probe())
         .with_probe(redis.probe())
         .with_probe(database.probe())

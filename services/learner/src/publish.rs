@@ -134,7 +134,7 @@ impl Publisher {
     ) -> Result<Self, sleuth_kit::KitError> {
         let token = token.cloned();
         let servers = Members::new("publication target", move |address| {
-            Ok(PolicyServerClient::new(sleuth_kit::client::connect_lazy(address, token.as_ref())?))
+            Ok(sleuth_kit::sized!(PolicyServerClient::new(sleuth_kit::client::connect_lazy(address, token.as_ref())?)))
         });
         Ok(Self {
             servers: servers.with_fixed(addresses)?,

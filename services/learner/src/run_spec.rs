@@ -37,7 +37,8 @@ pub async fn fetch_run(
     token: Option<&sleuth_kit::BearerToken>,
     run_id: &str,
 ) -> Result<sleuth_proto::rollout::v1::Run, Error> {
-    let mut client = RolloutOrchestratorClient::new(sleuth_kit::client::connect_lazy(address, token)?);
+    let mut client =
+        sleuth_kit::sized!(RolloutOrchestratorClient::new(sleuth_kit::client::connect_lazy(address, token)?));
     let mut reported: Option<Instant> = None;
     loop {
         let status = match client.get_run(GetRunRequest { run_id: run_id.to_owned() }).await {
@@ -76,7 +77,8 @@ pub struct RunRecord {
 
 impl RunRecord {
     pub fn new(address: &str, token: Option<&sleuth_kit::BearerToken>, run_id: &str) -> Result<Self, Error> {
-        let client = RolloutOrchestratorClient::new(sleuth_kit::client::connect_lazy(address, token)?);
+        let client =
+            sleuth_kit::sized!(RolloutOrchestratorClient::new(sleuth_kit::client::connect_lazy(address, token)?));
         Ok(Self { client, run_id: run_id.to_owned(), address: address.to_owned() })
     }
 

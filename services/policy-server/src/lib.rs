@@ -147,14 +147,14 @@ pub async fn run(
         async move { state }.boxed()
     });
     let watched = engine.clone();
-    let service = GrpcService::new(PolicyServerServer::new(handlers::Handlers {
+    let service = GrpcService::new(sleuth_kit::sized!(PolicyServerServer::new(handlers::Handlers {
         engine,
         s3: config.s3.clone(),
         checkpoint_roots: sleuth_store::LocalRoots {
             roots: config.checkpoint_roots.clone(),
             setting: "SLEUTH_CHECKPOINT_ROOTS",
         },
-    }))
+    })))
     .with_probe(sleuth_torch::device_probe(device))
     .with_probe(probe)
     .with_scope(&["UpdateWeights"], config.publish.token()?, sleuth_kit::PublishTokenArgs::SETTING);

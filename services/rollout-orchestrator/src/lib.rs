@@ -341,9 +341,11 @@ pub async fn run(
     let workers = workers::Workers::new(&config.agent_workers, token.as_ref(), config.fault_patience)?;
     workers.follow(sleuth_discovery::discover("agent_workers", &config.agent_workers).await?);
     let tools = match &config.tool_gateway {
-        Some(address) => Some(sleuth_proto::tools::v1::tool_gateway_client::ToolGatewayClient::new(
-            sleuth_kit::client::connect_lazy(address, token.as_ref())?,
-        )),
+        Some(address) => {
+            Some(sleuth_kit::sized!(sleuth_proto::tools::v1::tool_gateway_client::ToolGatewayClient::new(
+                sleuth_kit::client::connect_lazy(address, token.as_ref())?,
+            )))
+        }
         None => None,
     };
     let evaluator = evaluate::Evaluator {
@@ -380,7 +382,7 @@ pub async fn run(
             runner.start(run.run_id, spec);
         }
     }
-    let service = GrpcService::new(RolloutOrchestratorServer::new(Handlers { runner, evaluator }))
+    let service = GrpcService::new(sleuth_kit::sized!(RolloutOrchestratorServer::new(Handlers { runner, evaluator })))
         .with_probe(database.probe())
         .with_probe(redis.probe())
         // Evaluate starts episodes and reads a collection's files on this host.

@@ -77,6 +77,14 @@ pub fn validate(spec: &pb::RunSpec, roots: &sleuth_store::LocalRoots) -> Result<
     if !(1..=MAX_SAMPLES_PER_TASK).contains(&spec.group_size) {
         return Err(format!("spec.group_size must be 1..={MAX_SAMPLES_PER_TASK}, got {}", spec.group_size));
     }
+    let budget = spec.agent.as_ref().and_then(|a| a.budget).unwrap_or_default();
+    let most = sleuth_kit::limits::MAX_EPISODE_TOKENS;
+    if budget.max_episode_tokens > most {
+        return Err(format!(
+            "spec.agent.budget.max_episode_tokens must be at most {most} (an episode must fit one message), got {}",
+            budget.max_episode_tokens
+        ));
+    }
     if spec.global_batch_size == 0 {
         return Err("spec.global_batch_size must be at least 1".into());
     }

@@ -78,7 +78,10 @@ impl Workers {
         let workers = Members::new("agent worker", move |address| {
             Ok(Worker {
                 address: address.to_owned(),
-                client: AgentClient::new(sleuth_kit::client::connect_lazy(address, token.as_ref())?),
+                client: sleuth_kit::sized!(AgentClient::new(sleuth_kit::client::connect_lazy(
+                    address,
+                    token.as_ref()
+                )?)),
                 in_flight: AtomicUsize::new(0),
                 failed_at: Mutex::new(None),
             })

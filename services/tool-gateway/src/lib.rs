@@ -137,11 +137,12 @@ pub async fn run(
         embedder,
         hybrid_tool: config.hybrid_tool,
     };
-    let service = GrpcService::new(ToolGatewayServer::new(handlers)).with_probe(readiness).with_scope(
-        &["CreateCollection", "LoadCollection", "PublishCollection", "DeleteCollection"],
-        config.admin.token()?,
-        sleuth_kit::AdminTokenArgs::SETTING,
-    );
+    let service =
+        GrpcService::new(sleuth_kit::sized!(ToolGatewayServer::new(handlers))).with_probe(readiness).with_scope(
+            &["CreateCollection", "LoadCollection", "PublishCollection", "DeleteCollection"],
+            config.admin.token()?,
+            sleuth_kit::AdminTokenArgs::SETTING,
+        );
     sleuth_kit::serve(service, &config.serve, listener, shutdown).await?;
     Ok(())
 }

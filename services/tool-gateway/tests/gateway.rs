@@ -461,3 +461,34 @@ async fn creates_publishes_to_s3_and_loads_a_collection() -> Result<()> {
     assert_eq!(hits.iter().map(|h| h.doc_id.as_str()).collect::<Vec<_>>(), ["d1"]);
     Ok(())
 }
+
+/// A message past tonic's 4 MiB default (a 6 MiB document) goes through a
+/// sized server and client (`sleuth_kit::sized!`, 16 MiB, from the episode
+/// budget); a client left at the default refuses it by name instead of
+/// failing some other way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_past_the_grpc_default_pass_within_the_mesh_limit() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let source = dir.path().join("big");
+    std::fs::create_dir_all(&source)?;
+    let text = "rain ".repeat(6 << 20 >> 2).trim_end().to_owned(); // about 7.5 MB
+    let document = serde_json::json!({"_id": "d1", "title": "Rain", "text": text});
+    std::fs::write(source.join("corpus.jsonl"), format!("{document}\n"))?;
+    std::fs::write(source.join("queries.jsonl"), "{\"_id\": \"q1\", \"text\": \"rain\"}\n")?;
+    let index = dir.path().join("big-index");
+    let beir = sleuth_beir::BeirDir::new(&source);
+    let bm25 = tool_gateway::bm25::Bm25Options::default();
+    tool_gateway::index::build(&beir, &index, "big", &bm25, sleuth_beir::BadLines::Fail, None, &mut |_| {})?;
+    let gateway = start(vec![("big".into(), index.display().to_string())], S3Args::default()).await?;
+    let request = || pb::GetDocumentRequest { collection: "big".into(), doc_id: "d1".into() };
+    assert!(text.len() > 4 << 20 && text.len() < sleuth_kit::limits::MAX_MESSAGE_BYTES);
+
+    let mut sized = sleuth_kit::sized!(client(&gateway).await?);
+    let read = sized.get_document(request()).await?.into_inner();
+    assert_eq!(read.text.len(), text.len());
+
+    let refused = client(&gateway).await?.get_document(request()).await.unwrap_err();
+    assert_eq!(refused.code(), Code::OutOfRange, "{refused:?}");
+    assert!(refused.message().contains("message length too large"), "{}", refused.message());
+    Ok(())
+}
