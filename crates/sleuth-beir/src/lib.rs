@@ -405,4 +405,48 @@ mod tests {
         let error = read_qrels(&path).unwrap_err().to_string();
         assert!(error.contains("test.tsv:2") && error.contains("\"high\""), "{error}");
     }
+
+    mod properties {
+        use proptest::prelude::*;
+
+        use super::super::{parse_document, parse_query};
+
+        /// JSON-ish lines: fields a BEIR line has, in any shape, and noise.
+        fn line() -> impl Strategy<Value = String> {
+            let value = prop_oneof![
+                Just("null".to_owned()),
+                Just("7".to_owned()),
+                Just("\"\"".to_owned()),
+                Just("\"d1\"".to_owned()),
+                Just("[\"a\", 3]".to_owned()),
+                Just("{\"answer\": \"x\"}".to_owned()),
+                Just("{\"answers\": [\"x\", \"y\"]}".to_owned()),
+                Just("{\"answers\": 3}".to_owned()),
+            ];
+            let key = prop_oneof![Just("_id"), Just("text"), Just("title"), Just("metadata"), Just("other")];
+            let object = proptest::collection::vec((key, value), 0..5).prop_map(|fields| {
+                let body: Vec<String> = fields.iter().map(|(k, v)| format!("\"{k}\": {v}")).collect();
+                format!("{{{}}}", body.join(", "))
+            });
+            prop_oneof![object, "\\PC{0,40}"]
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 10_000, ..ProptestConfig::default() })]
+
+            /// Any line is a record or an error that says what is wrong,
+            /// never a panic; a record always has an id.
+            #[test]
+            fn any_line_is_a_record_or_a_reason(line in line()) {
+                match parse_query(&line) {
+                    Ok(query) => prop_assert!(!query.id.is_empty()),
+                    Err(reason) => prop_assert!(!reason.is_empty()),
+                }
+                match parse_document(&line) {
+                    Ok(document) => prop_assert!(!document.id.is_empty()),
+                    Err(reason) => prop_assert!(!reason.is_empty()),
+                }
+            }
+        }
+    }
 }

@@ -112,4 +112,76 @@ mod tests {
         let reply = parse_reply("<tool_call>{\"name\": \"f\", \"arguments\": \"{\\\"x\\\": 1}\"}</tool_call>");
         assert_eq!(reply.tool_calls[0].arguments_json, "{\"x\": 1}");
     }
+
+    mod properties {
+        use proptest::prelude::*;
+
+        use super::*;
+
+        /// Text that never opens a tool call by accident.
+        fn prose() -> impl Strategy<Value = String> {
+            "[a-zA-Z0-9 .,!?\\n]{0,40}"
+        }
+
+        /// Fragments a model might emit: tags, JSON pieces, words.
+        fn fragment() -> impl Strategy<Value = String> {
+            prop_oneof![
+                Just(OPEN.to_owned()),
+                Just(CLOSE.to_owned()),
+                Just("{\"name\": \"bm25_search\", \"arguments\": {\"query\": \"x\"}}".to_owned()),
+                Just("[".to_owned()),
+                Just("]".to_owned()),
+                Just("{".to_owned()),
+                Just("\"".to_owned()),
+                "\\PC{0,12}",
+            ]
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 10_000, ..ProptestConfig::default() })]
+
+            /// Any text parses without a panic: malformed replies keep all
+            /// their text as content; well-formed ones leave no tag in the
+            /// content and give calls whose arguments are JSON.
+            #[test]
+            fn any_reply_parses_into_content_and_calls(parts in proptest::collection::vec(fragment(), 0..12)) {
+                let text: String = parts.concat();
+                let reply = parse_reply(&text);
+                if reply.malformed {
+                    prop_assert_eq!(&reply.content, text.trim());
+                    prop_assert!(reply.tool_calls.is_empty());
+                } else {
+                    prop_assert!(!reply.content.contains(OPEN));
+                    for call in &reply.tool_calls {
+                        let _: Value = serde_json::from_str(&call.arguments_json)
+                            .map_err(|e| TestCaseError::fail(format!("{:?}: {e}", call.arguments_json)))?;
+                    }
+                }
+            }
+
+            /// Calls written in the template's format come back as written,
+            /// with the prose around them as content.
+            #[test]
+            fn written_calls_come_back(
+                before in prose(),
+                calls in proptest::collection::vec(("[a-z_]{1,12}", proptest::collection::btree_map("[a-z]{1,6}", "[a-z0-9 ]{0,8}", 0..3)), 1..4),
+                after in prose(),
+            ) {
+                let mut text = before.clone();
+                for (name, arguments) in &calls {
+                    text.push_str(&format!("{OPEN}{}{CLOSE}", serde_json::json!({"name": name, "arguments": arguments})));
+                }
+                text.push_str(&after);
+                let reply = parse_reply(&text);
+                prop_assert!(!reply.malformed);
+                prop_assert_eq!(reply.content, format!("{before}{after}").trim().to_owned());
+                prop_assert_eq!(reply.tool_calls.len(), calls.len());
+                for (call, (name, arguments)) in reply.tool_calls.iter().zip(&calls) {
+                    prop_assert_eq!(&call.name, name);
+                    let parsed: std::collections::BTreeMap<String, String> = serde_json::from_str(&call.arguments_json).unwrap();
+                    prop_assert_eq!(&parsed, arguments);
+                }
+            }
+        }
+    }
 }

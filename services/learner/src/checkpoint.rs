@@ -21,9 +21,13 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 use sleuth_store::ObjectStore;
-use tch::{Device, Kind, Tensor};
+use tch::Device;
 
 use crate::shard::Shard;
+
+mod shard_file;
+use shard_file::decode_shard;
+pub use shard_file::{digest, shard_bytes};
 
 const COMPLETE: &str = "COMPLETE";
 
@@ -111,36 +115,6 @@ pub fn step_dir(step: u64) -> String {
 
 fn shard_key(step: u64, rank: usize, world: usize) -> String {
     format!("{}/rank-{rank}-of-{world}.safetensors", step_dir(step))
-}
-
-/// Encodes named 1-D f32 tensors as safetensors bytes.
-fn safetensors_bytes(tensors: &[(&str, Tensor)]) -> Result<Vec<u8>, CheckpointError> {
-    let scratch = tempfile::NamedTempFile::new()?;
-    Tensor::write_safetensors(tensors, scratch.path())?;
-    Ok(std::fs::read(scratch.path())?)
-}
-
-fn read_safetensors(bytes: &[u8]) -> Result<Vec<(String, Tensor)>, CheckpointError> {
-    let scratch = tempfile::NamedTempFile::new()?;
-    std::fs::write(scratch.path(), bytes)?;
-    Ok(Tensor::read_safetensors(scratch.path())?)
-}
-
-/// This rank's shard as safetensors bytes (params, exp_avg, exp_avg_sq, step).
-pub fn shard_bytes(shard: &Shard) -> Result<Vec<u8>, CheckpointError> {
-    let cpu = |t: &Tensor| t.to_device(Device::Cpu);
-    safetensors_bytes(&[
-        ("params", cpu(&shard.params)),
-        ("exp_avg", cpu(&shard.exp_avg)),
-        ("exp_avg_sq", cpu(&shard.exp_avg_sq)),
-        ("step", Tensor::from_slice(&[shard.step as i64])),
-    ])
-}
-
-/// The SHA-256 of shard bytes, as [`Meta::shard_sha256`] records it.
-pub fn digest(bytes: &[u8]) -> String {
-    use sha2::Digest as _;
-    sha2::Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Writes this rank's shard of `step` (bytes from [`shard_bytes`]); returns
@@ -240,25 +214,30 @@ async fn load_shard(
 ) -> Result<Shard, CheckpointError> {
     let key = shard_key(meta.step, rank, world);
     let bytes = store.get(&key).await?;
-    if let Some(expected) = meta.shard_sha256.get(rank) {
-        let actual = digest(&bytes);
-        if actual != *expected {
+    match meta.shard_sha256.get(rank) {
+        Some(expected) => {
+            let actual = digest(&bytes);
+            if actual != *expected {
+                return Err(CheckpointError::Corrupt {
+                    key,
+                    message: format!("SHA-256 {actual} differs from {expected} recorded when it was sealed"),
+                });
+            }
+        }
+        // Checkpoints that record their layout were written with every
+        // rank's digest: one missing was removed, not forgotten.
+        None if !meta.shard_layout.is_empty() => {
             return Err(CheckpointError::Corrupt {
                 key,
-                message: format!("SHA-256 {actual} differs from {expected} recorded when it was sealed"),
+                message: format!(
+                    "its meta.json records no SHA-256 for rank {rank} (it lists {})",
+                    meta.shard_sha256.len()
+                ),
             });
         }
+        None => {}
     }
-    let tensors = read_safetensors(&bytes)?;
-    let find =
-        |name: &str| -> Result<Tensor, CheckpointError> {
-            let tensor = tensors.iter().find(|(n, _)| n == name).map(|(_, t)| t).ok_or_else(|| {
-                CheckpointError::Corrupt { key: key.clone(), message: format!("has no tensor {name:?}") }
-            })?;
-            Ok(tensor.to_kind(Kind::Float).to_device(device))
-        };
-    let step = tensors.iter().find(|(n, _)| n == "step").map(|(_, t)| t.int64_value(&[0]) as u64).unwrap_or(meta.step);
-    Ok(Shard { params: find("params")?, exp_avg: find("exp_avg")?, exp_avg_sq: find("exp_avg_sq")?, step })
+    decode_shard(&bytes, &key, meta.step, device)
 }
 
 /// Deletes checkpoints no resume or user needs: complete ones older than the
@@ -291,6 +270,8 @@ pub async fn prune(store: &ObjectStore, keep: usize, best: Option<u64>) -> Resul
 
 #[cfg(test)]
 mod tests {
+    use tch::{Kind, Tensor};
+
     use super::*;
 
     #[test]
