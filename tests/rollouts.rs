@@ -176,6 +176,19 @@ async fn runs_publish_every_group_once_within_concurrency_and_staleness() -> Res
     let finished = wait_for(&mut client, "gated", Duration::from_secs(60), succeeded).await?;
     assert!(peak <= 2, "rollout_max_concurrency 2 exceeded: {peak} episodes in flight at once");
     assert!(peak >= 1, "the workers' gauges were observed");
+    // Ended for good: its published-group markers get a deadline (polled:
+    // the end is recorded before the markers are given it).
+    let marker = sleuth_store::trajectories::published_key("gated", "e0-q1");
+    let mut connection = redis.connection().await?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let ttl: i64 = redis::cmd("TTL").arg(&marker).query_async(&mut connection).await?;
+        if ttl > 0 {
+            break;
+        }
+        anyhow::ensure!(std::time::Instant::now() < deadline, "{marker} never got a deadline (TTL {ttl})");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 
     // Every task's group published exactly once, with G scored episodes.
     let groups = stream_groups(&mesh.redis_url, "gated").await?;

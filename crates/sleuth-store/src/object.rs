@@ -143,6 +143,8 @@ impl ObjectStore {
                     tokio::io::AsyncWriteExt::write_all(&mut file, &bytes).await?;
                     file.sync_all().await?;
                     drop(file);
+                    // A crash here leaves only the partial file: readers see the old object or none.
+                    sleuth_kit::fault::point("object-store.put.before-rename");
                     tokio::fs::rename(&tmp, &path).await?;
                     for folder in path.ancestors().skip(1) {
                         tokio::fs::File::open(folder).await?.sync_all().await?;

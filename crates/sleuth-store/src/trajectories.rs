@@ -110,6 +110,40 @@ pub async fn publish_once(
     id.map(|id| id.parse().map_err(|message| StoreError::Object { store: redis.url().to_owned(), message })).transpose()
 }
 
+/// Lets `run_id`'s published-group markers expire in `ttl` (a run that
+/// ended for good no longer needs them: nothing publishes into it again).
+/// Returns how many markers were given the deadline.
+pub async fn expire_published(redis: &RedisStore, run_id: &str, ttl: std::time::Duration) -> Result<u64, StoreError> {
+    let failed = |source| StoreError::Redis { url: redis.url().to_owned(), source };
+    let mut connection = redis.connection().await?;
+    let pattern = format!("{}*", published_key(run_id, ""));
+    let seconds = ttl.as_secs().max(1) as i64;
+    let (mut cursor, mut expired) = (0u64, 0u64);
+    loop {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(&pattern)
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(&mut connection)
+            .await
+            .map_err(failed)?;
+        if !keys.is_empty() {
+            let mut pipe = redis::pipe();
+            for key in &keys {
+                pipe.expire(key, seconds).ignore();
+            }
+            pipe.query_async::<()>(&mut connection).await.map_err(failed)?;
+            expired += keys.len() as u64;
+        }
+        if next == 0 {
+            return Ok(expired);
+        }
+        cursor = next;
+    }
+}
+
 /// Whether the group was published (see [`publish_once`]).
 pub async fn is_published(redis: &RedisStore, run_id: &str, group_id: &str) -> Result<bool, StoreError> {
     let mut connection = redis.connection().await?;

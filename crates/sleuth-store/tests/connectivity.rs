@@ -19,6 +19,34 @@ async fn redis_round_trip_and_probe() -> Result<()> {
     Ok(())
 }
 
+/// A run's published-group markers get a deadline when the run ends for
+/// good; another run's keep theirs, and the stream itself stays.
+#[tokio::test]
+async fn a_finished_runs_markers_expire_and_no_other_key_does() -> Result<()> {
+    use sleuth_store::trajectories::{expire_published, publish_once, published_key, stream_key};
+    let server = sleuth_testkit::redis()?;
+    let store = RedisStore::connect(&sleuth_testkit::redis_url(&server)).await?;
+    for group in 0..2500 {
+        publish_once(&store, "done", &format!("g{group}"), b"x").await?;
+    }
+    publish_once(&store, "done-later", "g0", b"x").await?;
+    publish_once(&store, "other", "g0", b"x").await?;
+    let expired = expire_published(&store, "done", std::time::Duration::from_secs(3600)).await?;
+    assert_eq!(expired, 2500);
+    let mut connection = store.connection().await?;
+    for (key, expiring) in [
+        (published_key("done", "g0"), true),
+        (published_key("done", "g2499"), true),
+        (published_key("done-later", "g0"), false),
+        (published_key("other", "g0"), false),
+        (stream_key("done"), false),
+    ] {
+        let seconds: i64 = redis::cmd("TTL").arg(&key).query_async(&mut connection).await?;
+        assert_eq!(seconds > 0 && seconds <= 3600, expiring, "{key}: TTL {seconds}");
+    }
+    Ok(())
+}
+
 /// Redis without persistence (the testkit's default), or with an eviction
 /// policy, is named setting by setting; Redis as production must run it
 /// (every command synced, nothing evicted) has no problem.

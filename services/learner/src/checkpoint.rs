@@ -342,4 +342,41 @@ mod tests {
         store.delete(&shard_key(1, 0, 1)).await.unwrap();
         assert!(load(&store, 1, 0, 1, Device::Cpu).await.unwrap_err().is_damage(), "a missing shard");
     }
+
+    /// A crash after a file is written but before it is renamed into place
+    /// (a fault at that point) leaves its step unsealed: the checkpoint
+    /// before it is still the newest complete one and loads, and the step
+    /// is written whole when the learner comes back.
+    #[tokio::test]
+    async fn a_crash_between_write_and_rename_leaves_the_step_unsealed() {
+        let scratch = tempfile::tempdir().unwrap();
+        let store = ObjectStore::Local { root: scratch.path().to_owned() };
+        let shard = Shard {
+            params: Tensor::ones([4], (Kind::Float, Device::Cpu)),
+            exp_avg: Tensor::zeros([4], (Kind::Float, Device::Cpu)),
+            exp_avg_sq: Tensor::zeros([4], (Kind::Float, Device::Cpu)),
+            step: 1,
+        };
+        let bytes = shard_bytes(&shard).unwrap();
+        let sealed = |step| Meta { step, world_size: 1, shard_sha256: vec![digest(&bytes)], ..Meta::default() };
+        save_shard(&store, 1, 0, 1, bytes.clone()).await.unwrap();
+        seal(&store, &sealed(1)).await.unwrap();
+
+        save_shard(&store, 2, 0, 1, bytes.clone()).await.unwrap();
+        sleuth_kit::fault::arm("object-store.put.before-rename", 1);
+        let crashed = tokio::spawn({
+            let (store, meta) = (store.clone(), sealed(2));
+            async move { seal(&store, &meta).await }
+        })
+        .await;
+        assert!(crashed.is_err_and(|e| e.is_panic()), "the fault struck in the middle of sealing");
+        assert_eq!(complete_steps(&store).await.unwrap(), [1]);
+        assert!(!scratch.path().join(step_dir(2)).join("meta.json").exists(), "no half-written meta in place");
+        let (meta, loaded) = load(&store, 1, 0, 1, Device::Cpu).await.unwrap();
+        assert_eq!((meta.step, loaded.params.numel()), (1, 4));
+
+        seal(&store, &sealed(2)).await.unwrap();
+        assert_eq!(complete_steps(&store).await.unwrap(), [1, 2]);
+        assert_eq!(load(&store, 2, 0, 1, Device::Cpu).await.unwrap().0, sealed(2));
+    }
 }

@@ -32,6 +32,8 @@ use crate::workers::Workers;
 
 /// How often a gated run looks at the learner's version again.
 const GATE_POLL: Duration = Duration::from_millis(200);
+/// How long a finished run's published-group markers stay once it has ended for good.
+pub const MARKER_GRACE: Duration = Duration::from_secs(3600);
 
 /// Whether group number `number` (start order) may start: at most
 /// `max_staleness + 1` steps' worth of groups may be ahead of the groups the
@@ -153,7 +155,8 @@ impl Runner {
         }
     }
 
-    /// Starts driving `run_id` in the background.
+    /// Starts driving `run_id` in the background; when it ends for good,
+    /// its published-group markers expire after [`MARKER_GRACE`].
     pub fn start(&self, run_id: String, spec: RunSpec) {
         let (cancel, cancelled) = watch::channel(false);
         let (episodes, _) = tokio::sync::broadcast::channel(256);
@@ -183,6 +186,14 @@ impl Runner {
                 let end = || runner.state.transition(&run_id, RunStatus::Running, status, &detail);
                 if let Err(error) = runner.durable("recording the run's end", end).await {
                     tracing::error!(run = %run_id, %error, "cannot record the run's end");
+                }
+            }
+            // Only a failed run resumes; into one that ended for good nothing
+            // is published again, so its markers go (after a grace).
+            if matches!(status, RunStatus::Succeeded | RunStatus::Cancelled) {
+                match trajectories::expire_published(&runner.redis, &run_id, MARKER_GRACE).await {
+                    Ok(markers) => tracing::debug!(run = %run_id, markers, "published-group markers expire"),
+                    Err(error) => tracing::warn!(run = %run_id, %error, "the run's markers were not given a deadline"),
                 }
             }
             sleuth_kit::pause::point("orchestrator.run-ended").await;
