@@ -63,11 +63,23 @@ impl TestServer {
     /// starts it again on the same port and data directory, as a crashed
     /// pod comes back on its volume.
     pub fn restart(&mut self) -> Result<()> {
-        let start = self.start.take().with_context(|| format!("{} cannot be restarted", self.name))?;
+        self.kill()?;
+        self.start_again()
+    }
+
+    /// Kills the server (SIGKILL), leaving its port and data directory for
+    /// [`TestServer::start_again`]: clients see it gone until then.
+    pub fn kill(&mut self) -> Result<()> {
         if let Some(mut child) = self.child.take() {
             child.kill()?;
             child.wait()?;
         }
+        Ok(())
+    }
+
+    /// Starts a killed server again on its port and data directory.
+    pub fn start_again(&mut self) -> Result<()> {
+        let start = self.start.take().with_context(|| format!("{} cannot be restarted", self.name))?;
         let restarted = spawn_in(self.name, self.port(), &self.dir, start.as_ref());
         self.start = Some(start);
         self.child = restarted?;

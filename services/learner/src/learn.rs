@@ -171,10 +171,14 @@ pub async fn lead(
     let _renewing = lease.keep_alive();
     let (resumed, mut meta) = resume(trainer, &sources.checkpoints).await?;
     trainer = resumed;
-    sources.database.migrate().await?;
-    // Steps after the checkpoint are trained again from the replayed entries.
-    crate::records::forget_after(&sources.database, &plan.run_id, meta.step).await?;
     let patience = sources.patience;
+    // Every SQL write is idempotent (an upsert, a delete): retried while the database is away.
+    patiently("migrating the database", patience, || sources.database.migrate()).await?;
+    // Steps after the checkpoint are trained again from the replayed entries.
+    patiently("forgetting steps after the checkpoint", patience, || {
+        crate::records::forget_after(&sources.database, &plan.run_id, meta.step)
+    })
+    .await?;
     let consumer = patiently("joining the run's stream", patience, || {
         GroupConsumer::open(sources.redis.clone(), &plan.run_id, "learner-0")
     })
@@ -266,7 +270,10 @@ pub async fn lead(
                     group.step = meta.step;
                 }
                 let taken = tally.apply(&mut meta);
-                crate::records::record_groups(&sources.database, &plan.run_id, &taken).await?;
+                patiently("recording the groups taken", patience, || {
+                    crate::records::record_groups(&sources.database, &plan.run_id, &taken)
+                })
+                .await?;
                 crate::fence::hold(&lease, patience).await?;
                 trainer = save_checkpoint(trainer, &sources, &meta).await?;
                 crate::fence::hold(&lease, patience).await?;
@@ -324,8 +331,14 @@ pub async fn lead(
             "publish_seconds": published.elapsed.as_secs_f64(),
             "publish_bytes": published.bytes,
         });
-        crate::records::record(&sources.database, &plan.run_id, &stats, &extra).await?;
-        crate::records::record_groups(&sources.database, &plan.run_id, &taken).await?;
+        patiently("recording the step", patience, || {
+            crate::records::record(&sources.database, &plan.run_id, &stats, &extra)
+        })
+        .await?;
+        patiently("recording the step's groups", patience, || {
+            crate::records::record_groups(&sources.database, &plan.run_id, &taken)
+        })
+        .await?;
         tracing::info!(
             step = stats.step,
             loss = stats.loss,

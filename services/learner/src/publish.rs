@@ -335,7 +335,10 @@ pub(crate) async fn republish(
     let stats = crate::trainer::StepStats { step: version, ..Default::default() };
     let mut metrics = why;
     metrics["groups"] = 0.into();
-    crate::records::record(&sources.database, run_id, &stats, &metrics).await?;
+    sleuth_store::patiently("recording the republished version", sources.patience, || {
+        crate::records::record(&sources.database, run_id, &stats, &metrics)
+    })
+    .await?;
     if sources.publisher.is_empty() {
         return Ok(trainer);
     }

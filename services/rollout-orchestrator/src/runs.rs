@@ -227,6 +227,7 @@ impl Runner {
             groups_total,
             first_version,
             self.state.clone(),
+            self.patience,
             self.redis.clone(),
             self.evaluator.clone(),
         )

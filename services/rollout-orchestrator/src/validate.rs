@@ -49,6 +49,8 @@ pub struct Validator {
     /// Set while a validation runs: the run starts no training group.
     pub held: Arc<AtomicBool>,
     state: State,
+    /// How long the database may be away before a validation's record fails.
+    patience: std::time::Duration,
     redis: sleuth_store::RedisStore,
     evaluator: Evaluator,
 }
@@ -61,6 +63,7 @@ impl Validator {
         groups: u64,
         first_version: u64,
         state: State,
+        patience: std::time::Duration,
         redis: sleuth_store::RedisStore,
         evaluator: Evaluator,
     ) -> Result<Option<Self>, String> {
@@ -90,6 +93,7 @@ impl Validator {
             first_version,
             held: Arc::default(),
             state,
+            patience,
             redis,
             evaluator,
         }))
@@ -189,7 +193,12 @@ impl Validator {
             );
         }
         let validation = Validation { version, metrics, evaluation_id: id };
-        self.state.record_validation(&self.run_id, &validation).await.map_err(|e| e.to_string())
+        // An upsert: retried while the database is away.
+        sleuth_store::patiently("recording a validation", self.patience, || {
+            self.state.record_validation(&self.run_id, &validation)
+        })
+        .await
+        .map_err(|e| e.to_string())
     }
 }
 
