@@ -221,17 +221,7 @@ impl Runner {
         // (version 1): version 0 is whatever model the policy servers started with.
         let first_version =
             u64::from(spec.policy.as_ref().is_some_and(|p| !p.model_uri.is_empty() || !p.from_run.is_empty()));
-        let validator = crate::validate::Validator::new(
-            run_id,
-            spec,
-            groups_total,
-            first_version,
-            self.state.clone(),
-            self.patience,
-            self.redis.clone(),
-            self.evaluator.clone(),
-        )
-        .await?;
+        let validator = crate::validate::Validator::new(run_id, spec, groups_total, first_version, self).await?;
         let held = validator.as_ref().map(|v| v.held.clone()).unwrap_or_default();
         let (trained, training_over) = watch::channel(false);
         // In a JoinSet, so that a drive ending early (a group's error) aborts

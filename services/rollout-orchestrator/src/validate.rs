@@ -56,17 +56,17 @@ pub struct Validator {
 }
 
 impl Validator {
-    /// The validator of `spec`'s run, or `None` when it names no validation.
+    /// The validator of `spec`'s run, or `None` when it names no validation;
+    /// it records through `runner`'s stores, with its patience.
     pub async fn new(
         run_id: &str,
         spec: &RunSpec,
         groups: u64,
         first_version: u64,
-        state: State,
-        patience: std::time::Duration,
-        redis: sleuth_store::RedisStore,
-        evaluator: Evaluator,
+        runner: &crate::runs::Runner,
     ) -> Result<Option<Self>, String> {
+        let (state, patience, redis, evaluator) =
+            (runner.state.clone(), runner.patience, runner.redis.clone(), runner.evaluator.clone());
         let eval_every = spec.training.as_ref().map_or(0, |t| u64::from(t.eval_every));
         let Some(set) = spec.validation.clone().filter(|_| eval_every > 0) else { return Ok(None) };
         let tasks =
