@@ -39,6 +39,8 @@ impl ServiceProcess {
             .env_clear()
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
             .env("SLEUTH_LISTEN", "127.0.0.1:0")
+            // On loopback; a test that gives a token authenticates anyway.
+            .env("SLEUTH_INSECURE", "true")
             // The HTTP port of the services that have one (the orchestrator's dashboard).
             .env("SLEUTH_HTTP_LISTEN", "127.0.0.1:0")
             .env("SLEUTH_LOG_FORMAT", "json")

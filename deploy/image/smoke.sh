@@ -34,7 +34,7 @@ serve() {
   local ctr="$1" binary="$2" flag="$3" port
   shift 3
   port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
-  buildah run --isolation chroot "$ctr" -- "/usr/local/bin/$binary" --listen "127.0.0.1:$port" "$@" >"/tmp/smoke-$binary.log" 2>&1 &
+  buildah run --isolation chroot "$ctr" -- "/usr/local/bin/$binary" --listen "127.0.0.1:$port" --insecure "$@" >"/tmp/smoke-$binary.log" 2>&1 &
   local pid=$!
   local answered=""
   for _ in $(seq 120); do

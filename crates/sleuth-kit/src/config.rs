@@ -19,7 +19,8 @@ pub fn default_model_dir() -> PathBuf {
 #[derive(clap::Args, Debug, Clone)]
 pub struct ServeArgs {
     /// Bearer token every RPC except health must carry (`authorization: Bearer <token>`).
-    /// Also sent on calls to other services. Unset = authentication off.
+    /// Also sent on calls to other services. Unset: the service refuses to
+    /// start unless `--insecure` (then on loopback only).
     #[arg(long, env = "SLEUTH_AUTH_TOKEN", hide_env_values = true, conflicts_with = "auth_token_file")]
     pub auth_token: Option<BearerToken>,
 
@@ -39,12 +40,42 @@ pub struct ServeArgs {
     /// `ResourceExhausted` instead of queueing without bound.
     #[arg(long, env = "SLEUTH_MAX_CONCURRENT_REQUESTS", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_concurrent_requests: u32,
+
+    /// Serve without a bearer token, on a loopback address only (a laptop, a
+    /// test). Without it a service that has no token refuses to start:
+    /// authentication never turns itself off.
+    #[arg(long, env = "SLEUTH_INSECURE")]
+    pub insecure: bool,
 }
 
 impl ServeArgs {
     /// The configured bearer token, read from `--auth-token-file` if that is how it was given.
     pub fn bearer_token(&self) -> Result<Option<BearerToken>, KitError> {
         token_from(self.auth_token.as_ref(), self.auth_token_file.as_deref(), "auth_token_file")
+    }
+
+    /// The token a listener on `addr` checks. `None` (no authentication)
+    /// only with `--insecure` and only on a loopback address: a service
+    /// reachable from other hosts never serves unauthenticated.
+    pub fn token_for(&self, addr: std::net::SocketAddr) -> Result<Option<BearerToken>, KitError> {
+        let token = self.bearer_token()?;
+        if token.is_none() {
+            if !self.insecure {
+                return Err(KitError::Config {
+                    field: "auth_token",
+                    message: "no SLEUTH_AUTH_TOKEN (or SLEUTH_AUTH_TOKEN_FILE): a service does not serve \
+                              unauthenticated; set a token, or SLEUTH_INSECURE=true to serve on loopback only"
+                        .into(),
+                });
+            }
+            if !addr.ip().is_loopback() {
+                return Err(KitError::Config {
+                    field: "insecure",
+                    message: format!("without a token a service listens on loopback only, not {addr}"),
+                });
+            }
+        }
+        Ok(token)
     }
 }
 
@@ -126,6 +157,7 @@ impl Default for ServeArgs {
             drain_timeout: Duration::from_secs(10),
             request_timeout: Duration::from_secs(120),
             max_concurrent_requests: 1024,
+            insecure: false,
         }
     }
 }

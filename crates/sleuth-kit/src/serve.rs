@@ -79,14 +79,14 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), KitError> {
     let GrpcService { name, routes, probes, access: scoped } = service;
-    let token = args.bearer_token()?;
-    let access = scoped
-        .into_iter()
-        .fold(Access::mesh(token.clone()), |access, (path, token, setting)| access.scope(path, token, setting));
     let local_addr = listener.local_addr().map_err(|error| KitError::Config {
         field: "listen",
         message: format!("listener has no local address: {error}"),
     })?;
+    let token = args.token_for(local_addr)?;
+    let access = scoped
+        .into_iter()
+        .fold(Access::mesh(token.clone()), |access, (path, token, setting)| access.scope(path, token, setting));
 
     let (reporter, health_server) = tonic_health::server::health_reporter();
     reporter.set_service_status(name, ServingStatus::NotServing).await;

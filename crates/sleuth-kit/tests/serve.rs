@@ -60,6 +60,11 @@ impl Running {
     }
 }
 
+/// Serve settings of a test on loopback without a token.
+fn open() -> ServeArgs {
+    ServeArgs { insecure: true, ..ServeArgs::default() }
+}
+
 async fn start(args: ServeArgs, delay: Duration, service: impl FnOnce(GrpcService) -> GrpcService) -> Result<Running> {
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?.to_string();
@@ -99,7 +104,7 @@ fn token() -> BearerToken {
 
 #[tokio::test]
 async fn health_is_open_while_rpcs_need_the_token() -> Result<()> {
-    let args = ServeArgs { auth_token: Some(token()), ..ServeArgs::default() };
+    let args = ServeArgs { auth_token: Some(token()), ..open() };
     let server = start(args, Duration::ZERO, |s| s).await?;
     wait_for_status(&server.addr, ServingStatus::Serving).await?;
 
@@ -131,7 +136,7 @@ async fn not_serving_until_every_probe_passes() -> Result<()> {
         let ready = flag.load(Ordering::SeqCst);
         Box::pin(async move { if ready { Ok(()) } else { Err("still starting".to_owned()) } })
     });
-    let server = start(ServeArgs::default(), Duration::ZERO, |s| s.with_probe(probe)).await?;
+    let server = start(open(), Duration::ZERO, |s| s.with_probe(probe)).await?;
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert_eq!(health(&server.addr, SERVICE_NAME).await?, ServingStatus::NotServing);
     assert_eq!(health(&server.addr, "").await?, ServingStatus::NotServing);
@@ -144,9 +149,9 @@ async fn not_serving_until_every_probe_passes() -> Result<()> {
 
 #[tokio::test]
 async fn upstream_probe_follows_the_upstream_health() -> Result<()> {
-    let upstream = start(ServeArgs::default(), Duration::ZERO, |s| s).await?;
+    let upstream = start(open(), Duration::ZERO, |s| s).await?;
     let upstream_addr = upstream.addr.clone();
-    let downstream = start(ServeArgs::default(), Duration::ZERO, |s| {
+    let downstream = start(open(), Duration::ZERO, |s| {
         s.with_probe(upstream_probe("orchestrator", &upstream_addr, SERVICE_NAME, None).unwrap())
     })
     .await?;
@@ -164,7 +169,7 @@ async fn upstream_probe_follows_the_upstream_health() -> Result<()> {
 
 #[tokio::test]
 async fn overload_is_shed_with_retry_advice_and_health_still_answers() -> Result<()> {
-    let args = ServeArgs { max_concurrent_requests: 1, ..ServeArgs::default() };
+    let args = ServeArgs { max_concurrent_requests: 1, ..open() };
     let server = start(args, Duration::from_secs(2), |s| s).await?;
     wait_for_status(&server.addr, ServingStatus::Serving).await?;
     let channel = connect(&server.addr, None, Duration::from_secs(5)).await?;
@@ -184,7 +189,7 @@ async fn overload_is_shed_with_retry_advice_and_health_still_answers() -> Result
 
 #[tokio::test]
 async fn shutdown_lets_in_flight_calls_finish() -> Result<()> {
-    let server = start(ServeArgs::default(), Duration::from_millis(800), |s| s).await?;
+    let server = start(open(), Duration::from_millis(800), |s| s).await?;
     wait_for_status(&server.addr, ServingStatus::Serving).await?;
     let channel = connect(&server.addr, None, Duration::from_secs(5)).await?;
     let mut client = RolloutOrchestratorClient::new(channel);
@@ -199,7 +204,7 @@ async fn shutdown_lets_in_flight_calls_finish() -> Result<()> {
 
 #[tokio::test]
 async fn shutdown_gives_up_on_endless_streams_at_the_drain_deadline() -> Result<()> {
-    let args = ServeArgs { drain_timeout: Duration::from_millis(500), ..ServeArgs::default() };
+    let args = ServeArgs { drain_timeout: Duration::from_millis(500), ..open() };
     let server = start(args, Duration::ZERO, |s| s).await?;
     wait_for_status(&server.addr, ServingStatus::Serving).await?;
     let channel = connect(&server.addr, None, Duration::from_secs(5)).await?;
@@ -208,5 +213,27 @@ async fn shutdown_gives_up_on_endless_streams_at_the_drain_deadline() -> Result<
     // It waited for the stream, then gave up at the deadline instead of hanging.
     assert!(took >= Duration::from_millis(500), "returned before the drain deadline: {took:?}");
     assert!(took < Duration::from_secs(10), "drain deadline not enforced: {took:?}");
+    Ok(())
+}
+
+/// Without a token a service does not start, naming the setting; with
+/// `--insecure` it serves on loopback only, never on an address other hosts
+/// reach.
+#[tokio::test]
+async fn a_service_without_a_token_does_not_start_and_insecure_is_loopback_only() -> Result<()> {
+    let closed = start(ServeArgs::default(), Duration::ZERO, |s| s).await?;
+    let error = closed.server.await?.unwrap_err().to_string();
+    assert!(error.contains("SLEUTH_AUTH_TOKEN") && error.contains("SLEUTH_INSECURE"), "{error}");
+
+    let exposed = TcpListener::bind("0.0.0.0:0").await?;
+    let addr = exposed.local_addr()?;
+    let grpc =
+        GrpcService::new(RolloutOrchestratorServer::new(Slow { delay: Duration::ZERO, completed: Arc::default() }));
+    let error = sleuth_kit::serve(grpc, &open(), exposed, async {}).await.unwrap_err().to_string();
+    assert!(error.contains("loopback only") && error.contains(&addr.to_string()), "{error}");
+
+    let local = start(open(), Duration::ZERO, |s| s).await?;
+    assert!(!local.server.is_finished(), "serves on loopback with --insecure");
+    local.shut_down().await;
     Ok(())
 }

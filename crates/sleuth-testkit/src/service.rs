@@ -16,7 +16,9 @@ pub use clap;
 macro_rules! start_service {
     ($krate:ident, $args:expr) => {{
         use $crate::service::clap::Parser as _;
-        let config = $krate::Config::try_parse_from($args)?;
+        let mut config = $krate::Config::try_parse_from($args)?;
+        // Tests serve on loopback; without a token a service needs --insecure.
+        config.serve.insecure = true;
         let listener = ::tokio::net::TcpListener::bind(config.listen).await?;
         let addr = listener.local_addr()?.to_string();
         let (stop, stopped) = ::tokio::sync::oneshot::channel::<()>();

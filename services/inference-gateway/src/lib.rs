@@ -113,7 +113,10 @@ pub async fn run(
     let http = TcpListener::bind(config.http_listen).await.map_err(|e| {
         Error::InvalidArgument(format!("cannot listen for HTTP on http_listen {}: {e}", config.http_listen))
     })?;
-    tracing::info!(addr = %http.local_addr().map_err(|e| Error::Internal(e.to_string()))?, "openai-compatible http listening");
+    let http_addr = http.local_addr().map_err(|e| Error::Internal(e.to_string()))?;
+    // The OpenAI door checks the same token: open only where gRPC may be.
+    config.serve.token_for(http_addr)?;
+    tracing::info!(addr = %http_addr, "openai-compatible http listening");
     // One shutdown signal for both front doors.
     let shutdown = sleuth_kit::shutdown::Shared::new(shutdown);
     let router = openai::router(handlers.clone(), token.clone(), &config.serve);

@@ -179,6 +179,7 @@ fn learner_args<'a>(
 ) -> Vec<&'a str> {
     let mut args = vec![
         "learner",
+        "--insecure",
         "--listen",
         "127.0.0.1:0",
         "--run-id",

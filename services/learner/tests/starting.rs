@@ -37,6 +37,7 @@ async fn a_learner_waiting_for_its_run_answers_not_serving_and_says_why() -> Res
         .arg("--checkpoint-uri")
         .arg(scratch.path().join("checkpoints"))
         .env("SLEUTH_LOG", "warn")
+        .env("SLEUTH_INSECURE", "true")
         .spawn()?;
 
     let deadline = Instant::now() + Duration::from_secs(60);

@@ -367,6 +367,8 @@ pub async fn run(
         field: "http_listen",
         message: format!("the listener has no local address: {e}"),
     })?;
+    // The dashboard checks the same token: open only where gRPC may be.
+    config.serve.token_for(pages_addr)?;
     let dashboard =
         dashboard::Dashboard::new(runner.clone(), database.clone(), config.report_dir.clone(), config.model);
     let dashboard = axum::serve(pages, dashboard.router(token.clone())).with_graceful_shutdown(shutdown.wait());

@@ -51,7 +51,7 @@ async fn start_with(
         hybrid_tool: true,
         s3,
         admin: sleuth_kit::AdminTokenArgs::default(),
-        serve: ServeArgs::default(),
+        serve: ServeArgs { insecure: true, ..ServeArgs::default() },
         telemetry: TelemetryArgs::default(),
     };
     adjust(&mut config);
