@@ -170,7 +170,7 @@ impl TaskSet {
 
 /// Parses the YAML text of a run spec into the proto.
 pub fn parse(text: &str) -> Result<pb::RunSpec, String> {
-    let spec: RunSpec = serde_yaml::from_str(text).map_err(|e| e.to_string())?;
+    let spec: RunSpec = serde_yaml_ng::from_str(text).map_err(|e| e.to_string())?;
     let agent = spec.agent.map(|a| AgentConfig {
         budget: a.budget.map(|b| AgentBudget {
             max_turns: b.max_turns,
