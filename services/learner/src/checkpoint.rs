@@ -313,17 +313,21 @@ mod tests {
         assert!(scratch.path().join(shard_key(7, 0, 1)).is_file());
     }
 
-    #[tokio::test]
-    async fn a_shard_that_is_not_the_one_sealed_is_damage() {
-        let scratch = tempfile::tempdir().unwrap();
-        let store = ObjectStore::Local { root: scratch.path().to_owned() };
-        let shard = Shard {
+    /// A one-rank shard of four parameters, all 1, after one step.
+    fn four_ones() -> Shard {
+        Shard {
             params: Tensor::ones([4], (Kind::Float, Device::Cpu)),
             exp_avg: Tensor::zeros([4], (Kind::Float, Device::Cpu)),
             exp_avg_sq: Tensor::zeros([4], (Kind::Float, Device::Cpu)),
             step: 1,
-        };
-        let bytes = shard_bytes(&shard).unwrap();
+        }
+    }
+
+    #[tokio::test]
+    async fn a_shard_that_is_not_the_one_sealed_is_damage() {
+        let scratch = tempfile::tempdir().unwrap();
+        let store = ObjectStore::Local { root: scratch.path().to_owned() };
+        let bytes = shard_bytes(&four_ones()).unwrap();
         let sealed = Meta { step: 1, world_size: 1, shard_sha256: vec![digest(&bytes)], ..Meta::default() };
         save_shard(&store, 1, 0, 1, bytes.clone()).await.unwrap();
         seal(&store, &sealed).await.unwrap();
@@ -351,13 +355,7 @@ mod tests {
     async fn a_crash_between_write_and_rename_leaves_the_step_unsealed() {
         let scratch = tempfile::tempdir().unwrap();
         let store = ObjectStore::Local { root: scratch.path().to_owned() };
-        let shard = Shard {
-            params: Tensor::ones([4], (Kind::Float, Device::Cpu)),
-            exp_avg: Tensor::zeros([4], (Kind::Float, Device::Cpu)),
-            exp_avg_sq: Tensor::zeros([4], (Kind::Float, Device::Cpu)),
-            step: 1,
-        };
-        let bytes = shard_bytes(&shard).unwrap();
+        let bytes = shard_bytes(&four_ones()).unwrap();
         let sealed = |step| Meta { step, world_size: 1, shard_sha256: vec![digest(&bytes)], ..Meta::default() };
         save_shard(&store, 1, 0, 1, bytes.clone()).await.unwrap();
         seal(&store, &sealed(1)).await.unwrap();

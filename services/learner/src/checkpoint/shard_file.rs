@@ -62,8 +62,8 @@ pub(super) fn decode_shard(
     let step = match tensors.iter().find(|(n, _)| n == "step") {
         None => default_step,
         Some((_, t)) if t.numel() == 1 && !t.is_floating_point() => {
-            u64::try_from(t.f_int64_value(&[0]).or_else(|_| t.reshape([1]).f_int64_value(&[0]))?)
-                .map_err(|_| corrupt("step is negative".into()))?
+            // One element, whatever its shape ([], [1], [1, 1]): read through a view of one axis.
+            u64::try_from(t.reshape([1]).f_int64_value(&[0])?).map_err(|_| corrupt("step is negative".into()))?
         }
         Some((_, t)) => return Err(corrupt(format!("step is {:?} {:?}, not one integer", t.kind(), t.size()))),
     };
