@@ -243,13 +243,26 @@ impl ProcessGroup {
         let roll = format!("sleuth/roll/{}", self.failures);
         let grace = self.peer_timeout.min(Duration::from_secs(10));
         let gone = match self.set(&format!("{roll}/{}", self.rank), &[]) {
-            Err(_) => vec![0],
+            Err(_) => return CollectiveError::Failed { op, rank: self.rank, gone: vec![0], message },
             Ok(()) => match self.wait_for(&self.rank_keys(&roll), Some(Instant::now() + grace)) {
                 Ok(()) => Vec::new(),
                 Err(Unanswered::Ranks(missing)) => missing,
-                Err(Unanswered::Store(_)) => vec![0],
+                Err(Unanswered::Store(_)) => {
+                    return CollectiveError::Failed { op, rank: self.rank, gone: vec![0], message };
+                }
             },
         };
+        // The store lives in rank 0's process, which may end right after this
+        // error: rank 0 waits until every rank that answered has finished its
+        // own roll call, or a slower one would find the store gone and name
+        // rank 0 instead of the rank that is.
+        let done = format!("{roll}/done");
+        if self.set(&format!("{done}/{}", self.rank), &[]).is_ok() && self.rank == 0 {
+            let answered: Vec<(usize, String)> =
+                self.rank_keys(&done).into_iter().filter(|(r, _)| !gone.contains(r)).collect();
+            // Best effort: a rank that never finishes is not waited for past the grace twice over.
+            let _ = self.wait_for(&answered, Some(Instant::now() + 2 * grace));
+        }
         CollectiveError::Failed { op, rank: self.rank, gone, message }
     }
 
