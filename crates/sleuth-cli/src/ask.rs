@@ -50,6 +50,7 @@ pub async fn run(args: AskArgs) -> anyhow::Result<()> {
         }),
         return_model_logprobs: true,
         min_policy_version: 0,
+        run_id: String::new(),
     };
     let started = Instant::now();
     let response = sleuth_kit::sized!(PolicyServerClient::new(channel))

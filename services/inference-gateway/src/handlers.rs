@@ -208,7 +208,8 @@ impl Handlers {
         // The temperature the policy server samples at (its default, 1, when
         // unset), recorded with the tokens; a teacher's reply is not sampled.
         let temperature = if teacher { 0.0 } else { sampling.temperature.unwrap_or(1.0).max(0.0) };
-        let min_policy_version = match request.run_id.trim() {
+        let run_id = request.run_id.trim();
+        let min_policy_version = match run_id {
             "" => 0,
             run => sleuth_store::trajectories::learner_version(&self.runs, run).await?,
         };
@@ -219,6 +220,7 @@ impl Handlers {
             sampling: Some(sampling),
             return_model_logprobs: false,
             min_policy_version,
+            run_id: run_id.to_owned(),
         };
         let policy_started = std::time::Instant::now();
         let (replica, generated) = if !teacher {

@@ -83,14 +83,15 @@ async fn one_replica_with(extra: &[&str]) -> Result<OneReplica> {
     })
 }
 
-/// Has the policy server serve `version`: the same weights, reloaded from the model directory.
-async fn publish_version(stack: &OneReplica, version: u64) -> Result<()> {
+/// Has the policy server serve `run`'s `version`: the same weights, reloaded from the model directory.
+async fn publish_version(stack: &OneReplica, run: &str, version: u64) -> Result<()> {
     use sleuth_proto::policy::v1 as policy;
     let header = policy::UpdateWeightsRequest {
         part: Some(policy::update_weights_request::Part::Header(policy::WeightsHeader {
             version,
-            tensor_count: 0,
             checkpoint_uri: stack.model.clone(),
+            run_id: run.into(),
+            ..Default::default()
         })),
     };
     let channel = connect(&stack.policy_addr, None, Duration::from_secs(5)).await?;
@@ -317,8 +318,9 @@ async fn episodes_stick_to_a_replica_and_fail_over_when_it_dies() -> Result<()> 
 }
 
 /// A training run's turns are sampled by weights no older than the run's
-/// learner version: a replica behind it (restarted on its base weights)
-/// holds the turn until it is brought up to date, generating nothing before.
+/// learner version: a replica behind it (restarted on its base weights, or
+/// holding another run's weights) holds the turn until it is brought up to
+/// date, generating nothing before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_runs_turns_wait_for_a_replica_serving_its_version() -> Result<()> {
     let stack = one_replica().await?;
@@ -330,14 +332,16 @@ async fn a_runs_turns_wait_for_a_replica_serving_its_version() -> Result<()> {
     let messages = vec![user("What is the capital of France?")];
     assert_eq!(gateway.chat(chat("free", &messages)).await?.into_inner().policy_version, 0);
 
+    // Nor does another run's version 1: version numbers count each run's own steps.
+    publish_version(&stack, "run-x", 1).await?;
     let turn = pb::ChatRequest { run_id: "run-w".into(), ..chat("w-1", &messages) };
     let waiting = tokio::spawn({
         let mut gateway = gateway.clone();
         async move { gateway.chat(turn).await }
     });
     tokio::time::sleep(Duration::from_secs(1)).await;
-    assert!(!waiting.is_finished(), "the replica on version 0 must not serve a turn of a run at version 1");
-    publish_version(&stack, 1).await?;
+    assert!(!waiting.is_finished(), "a replica on run-x's weights must not serve a turn of run-w at version 1");
+    publish_version(&stack, "run-w", 1).await?;
     let reply = waiting.await??.into_inner();
     assert_eq!(reply.policy_version, 1);
     let trace = gateway.get_trace(pb::GetTraceRequest { episode_id: "w-1".into() }).await?.into_inner();
@@ -572,7 +576,7 @@ async fn a_five_turn_tool_episode_is_traced_exactly() -> Result<()> {
     for turn in 0..5 {
         if turn == 2 {
             // The learner publishes version 1 between turns 2 and 3.
-            publish_version(&stack, 1).await?;
+            publish_version(&stack, "", 1).await?;
         }
         let mut request = chat("tools-1", &messages);
         request.tools = vec![tool.clone()];

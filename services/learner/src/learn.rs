@@ -220,7 +220,7 @@ pub async fn lead(
                     let fresh = read_fresh(&consumer, plan.global_batch_size, &uncommitted, patience).await?;
                     if fresh.is_empty() {
                         if last_reconcile.elapsed() >= RECONCILE {
-                            trainer = crate::publish::reconcile(trainer, &sources, meta.step).await?;
+                            trainer = crate::publish::reconcile(trainer, &sources, &plan.run_id, meta.step).await?;
                             last_reconcile = std::time::Instant::now();
                             if let Some(run) = &sources.run
                                 && let Some(published) = run.groups_published().await
@@ -315,8 +315,9 @@ pub async fn lead(
             true => None,
             false => Some(sources.publisher.wire_dtype().await),
         };
+        let run = plan.run_id.clone();
         let (t, update) = blocking(trainer, move |t| {
-            wire.map(|wire| crate::publish::update_requests(step, &t.named_tensors(), wire))
+            wire.map(|wire| crate::publish::update_requests(&run, step, &t.named_tensors(), wire))
         })
         .await?;
         trainer = t;

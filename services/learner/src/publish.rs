@@ -1,10 +1,11 @@
 //! Weight publication: after a step, the new weights go to every policy
-//! server as `UpdateWeights` streams (version = step), in chunks of at most
+//! server as `UpdateWeights` streams (the run's id and version = step), in chunks of at most
 //! 3 MiB so no message reaches gRPC's default 4 MiB limit. The servers swap between decode
 //! steps. A server that missed a version (a failed publication, or a
 //! restart that brought it back on its base weights as version 0) is found
 //! by asking every server its version while the learner waits for groups,
-//! and brought to the current weights ([`Publisher::behind`]); until then
+//! and brought to the current weights ([`Publisher::behind`]); so is a
+//! server that took another run's weights, whatever their number. Until then
 //! its episodes carry their old version in their traces, and the learner
 //! drops them as stale once they are more than `max_staleness` behind.
 
@@ -59,10 +60,20 @@ fn wire_bytes(tensor: &Tensor, dtype: DType) -> Vec<u8> {
     }
 }
 
-/// The requests of one update: a header, then every tensor in chunks of
-/// `dtype` (see [`wire_dtype`]).
-pub fn update_requests(version: u64, tensors: &[(String, Tensor)], dtype: DType) -> Vec<UpdateWeightsRequest> {
-    let header = WeightsHeader { version, tensor_count: tensors.len() as u32, checkpoint_uri: String::new() };
+/// The requests of one update to `run`'s `version`: a header, then every
+/// tensor in chunks of `dtype` (see [`wire_dtype`]).
+pub fn update_requests(
+    run: &str,
+    version: u64,
+    tensors: &[(String, Tensor)],
+    dtype: DType,
+) -> Vec<UpdateWeightsRequest> {
+    let header = WeightsHeader {
+        version,
+        tensor_count: tensors.len() as u32,
+        checkpoint_uri: String::new(),
+        run_id: run.to_owned(),
+    };
     let mut requests = vec![UpdateWeightsRequest { part: Some(Part::Header(header)) }];
     for (name, tensor) in tensors {
         let shape: Vec<u64> = tensor.size().iter().map(|&d| d as u64).collect();
@@ -106,6 +117,25 @@ pub struct Publisher {
     /// Deadline of each server's UpdateWeights: a hung server fails its
     /// publication (and is caught up later) instead of stalling the step.
     timeout: Duration,
+}
+
+/// What a policy server reports serving.
+#[derive(Debug, Clone)]
+struct Served {
+    /// The run whose weights they are (empty: the model the server started
+    /// with, or weights of no run).
+    run: String,
+    version: u64,
+    dtype: DType,
+}
+
+impl Served {
+    /// Whether these are weights `run` must replace before its turns are
+    /// served: another run's, or weights of no run other than the server's
+    /// own start (which a run that has published nothing samples).
+    fn foreign_to(&self, run: &str) -> bool {
+        self.run != run && (!self.run.is_empty() || self.version > 0)
+    }
 }
 
 /// How one publication went.
@@ -157,14 +187,17 @@ impl Publisher {
         self.servers.current().into_iter().map(|(address, client)| (address, (*client).clone())).collect()
     }
 
-    /// The version and dtype each server reports serving, in server order;
-    /// `None` for a server that does not answer (it is left for the next check).
-    async fn served(&self) -> Vec<(String, Option<(u64, DType)>)> {
+    /// What each server reports serving, in server order; `None` for a
+    /// server that does not answer (it is left for the next check).
+    async fn served(&self) -> Vec<(String, Option<Served>)> {
         let calls = self.snapshot().into_iter().map(|(address, client)| {
             let mut client = client.clone();
             async move {
                 let served = match client.get_model_info(GetModelInfoRequest {}).await {
-                    Ok(info) => Some((info.get_ref().policy_version, info.get_ref().dtype())),
+                    Ok(info) => {
+                        let info = info.into_inner();
+                        Some(Served { dtype: info.dtype(), run: info.run_id, version: info.policy_version })
+                    }
                     Err(status) => {
                         tracing::debug!(server = %address, message = status.message(), "policy server did not report its version");
                         None
@@ -178,25 +211,30 @@ impl Publisher {
 
     /// The dtype to send weights in ([`wire_dtype`] of what the answering servers serve).
     pub async fn wire_dtype(&self) -> DType {
-        let served: Vec<DType> = self.served().await.into_iter().filter_map(|(_, s)| s.map(|(_, d)| d)).collect();
+        let served: Vec<DType> = self.served().await.into_iter().filter_map(|(_, s)| s.map(|s| s.dtype)).collect();
         wire_dtype(&served)
     }
 
-    /// The servers serving a version older than `version`.
-    pub async fn behind(&self, version: u64) -> Vec<String> {
+    /// The servers not serving `run`'s weights at `version` or newer: an
+    /// older version of it, or any other weights.
+    pub async fn behind(&self, run: &str, version: u64) -> Vec<String> {
         let mut behind = Vec::new();
         for (address, served) in self.served().await {
-            if let Some(serves) = served.map(|(v, _)| v).filter(|&v| v < version) {
-                tracing::warn!(server = %address, serves, current = version, "policy server behind the learner; publishing the current weights to it");
+            let Some(served) = served else { continue };
+            if served.run != run || served.version < version {
+                tracing::warn!(server = %address, serves = served.version, serves_run = served.run, current = version, "policy server behind the learner; publishing the current weights to it");
                 behind.push(address);
             }
         }
         behind
     }
 
-    /// The newest version any server reports serving (0 when none answers).
-    pub async fn newest_served(&self) -> u64 {
-        self.served().await.into_iter().filter_map(|(_, served)| served.map(|(v, _)| v)).max().unwrap_or(0)
+    /// The newest version of `run` any server reports serving (0 when none
+    /// does), and whether any serves weights `run` must replace ([`Served::foreign_to`]).
+    pub async fn newest_served(&self, run: &str) -> (u64, bool) {
+        let served: Vec<Served> = self.served().await.into_iter().filter_map(|(_, served)| served).collect();
+        let newest = served.iter().filter(|s| s.run == run).map(|s| s.version).max().unwrap_or(0);
+        (newest, served.iter().any(|s| s.foreign_to(run)))
     }
 
     /// Sends `requests` to every server concurrently.
@@ -247,20 +285,21 @@ impl Publisher {
     }
 }
 
-/// Brings every policy server that serves an older version than `step` (a
-/// failed publication, a restarted server on its base weights) to the
-/// current weights.
-pub(crate) async fn reconcile(trainer: Trainer, sources: &Sources, step: u64) -> Result<Trainer, Error> {
+/// Brings every policy server that does not serve `run`'s `step` (a failed
+/// publication, a restarted server on its base weights, a server another
+/// run published to) to the current weights.
+pub(crate) async fn reconcile(trainer: Trainer, sources: &Sources, run: &str, step: u64) -> Result<Trainer, Error> {
     if step == 0 || sources.publisher.is_empty() {
         return Ok(trainer);
     }
-    let behind = sources.publisher.behind(step).await;
+    let behind = sources.publisher.behind(run, step).await;
     if behind.is_empty() {
         return Ok(trainer);
     }
     let wire = sources.publisher.wire_dtype().await;
+    let run = run.to_owned();
     let (trainer, requests) =
-        crate::learn::blocking(trainer, move |t| update_requests(step, &t.named_tensors(), wire)).await?;
+        crate::learn::blocking(trainer, move |t| update_requests(&run, step, &t.named_tensors(), wire)).await?;
     let published = sources.publisher.publish_to(&behind, requests).await;
     tracing::info!(
         version = step,
@@ -278,15 +317,17 @@ pub(crate) async fn reconcile(trainer: Trainer, sources: &Sources, step: u64) ->
 ///   resumed from are lost: their weights died with the process, yet episodes
 ///   sampled by them carry their numbers. Reusing a number would label those
 ///   tokens as sampled by other weights, so the resumed run skips past every
-///   version the run's announcements or any policy server has seen (a server
-///   left from an earlier run counts too, or it would refuse this run's
-///   versions) and publishes the checkpoint's weights as the next one. Groups
+///   version of its own that its announcements or any policy server has seen
+///   and publishes the checkpoint's weights as the next one. Groups
 ///   sampled by the lost weights are then at least one version old and
 ///   dropped as stale beyond `max_staleness`;
 /// - a fresh run with a start model of its own (`policy.model_uri`), or one
-///   whose servers serve another run's versions, publishes its start
-///   weights as its first version: the orchestrator starts no episode before
-///   it (version 0 is the model the servers started with, not the run's).
+///   whose servers serve another run's weights, publishes its start weights
+///   as its first version, 1: the orchestrator starts no episode of a run
+///   with a start model before it (version 0 is the model the servers started
+///   with, not the run's), and the servers refuse the turns of a run without
+///   one while they hold another run's weights (its versions count that
+///   run's steps, not this one's).
 ///
 /// Neither trains: the run's own steps (`Meta::steps_trained`, what its
 /// schedule and `max_steps` count) stay as they were.
@@ -301,23 +342,22 @@ pub(crate) async fn republish(
 ) -> Result<Trainer, Error> {
     let run_id = plan.run_id.as_str();
     // Without policy servers no weights were ever served: no version can be lost.
-    let (announced, served) = if sources.publisher.is_empty() {
-        (0, 0)
+    let (announced, (served, foreign)) = if sources.publisher.is_empty() {
+        (0, (0, false))
     } else {
         let announced = sleuth_store::patiently("reading the announced version", sources.patience, || {
             sleuth_store::trajectories::learner_version(&sources.redis, run_id)
         })
         .await?;
-        (announced, sources.publisher.newest_served().await)
+        (announced, sources.publisher.newest_served(run_id).await)
     };
     let (newest, checkpoint) = (announced.max(served), meta.step);
     // A run that has published nothing yet starts from its own weights: its
-    // start model, or the learner's model when the servers hold another
-    // run's versions (numbered above them, so they are never mistaken).
+    // start model, or the learner's model when servers hold other weights.
     let fresh = checkpoint == 0 && announced == 0;
-    let why = if fresh && (plan.start_model_uri.is_some() || served > 0) {
+    let why = if fresh && (plan.start_model_uri.is_some() || foreign) {
         let uri = plan.start_model_uri.clone().unwrap_or_else(|| sources.model_dir.display().to_string());
-        tracing::info!(uri, served, "publishing the run's start weights as its first version");
+        tracing::info!(uri, foreign, "publishing the run's start weights as its first version");
         serde_json::json!({ "republished": "start model", "model_uri": uri })
     } else if newest > checkpoint {
         tracing::warn!(
@@ -343,8 +383,9 @@ pub(crate) async fn republish(
         return Ok(trainer);
     }
     let wire = sources.publisher.wire_dtype().await;
+    let run = run_id.to_owned();
     let (trainer, requests) =
-        crate::learn::blocking(trainer, move |t| update_requests(version, &t.named_tensors(), wire)).await?;
+        crate::learn::blocking(trainer, move |t| update_requests(&run, version, &t.named_tensors(), wire)).await?;
     let published = sources.publisher.publish(requests).await;
     if let Some(refusal) = published.refusals.first() {
         // A server that cannot take these weights (another architecture) would hold the run's turns for good.
@@ -388,7 +429,8 @@ mod tests {
     #[test]
     fn update_messages_fit_the_grpc_limit() {
         let embedding = Tensor::zeros([49_152, 64], (Kind::Float, Device::Cpu));
-        let requests = super::update_requests(3, &[("model.embed_tokens.weight".into(), embedding)], DType::DtypeF32);
+        let requests =
+            super::update_requests("run", 3, &[("model.embed_tokens.weight".into(), embedding)], DType::DtypeF32);
         assert_eq!(requests.len(), 1 + (49_152 * 64 * 4usize).div_ceil(super::CHUNK_BYTES));
         for request in &requests {
             assert!(request.encoded_len() < 4 << 20, "{} bytes", request.encoded_len());
@@ -408,7 +450,7 @@ mod tests {
 
         let weights = Tensor::randn([300, 7], (Kind::Float, Device::Cpu));
         let bytes = |dtype| -> Vec<u8> {
-            super::update_requests(1, &[("w".into(), weights.shallow_clone())], dtype)
+            super::update_requests("run", 1, &[("w".into(), weights.shallow_clone())], dtype)
                 .into_iter()
                 .filter_map(|r| match r.part {
                     Some(Part::Tensor(chunk)) => {

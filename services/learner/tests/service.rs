@@ -241,7 +241,7 @@ async fn published_weights_change_the_policy_server() -> Result<()> {
         PolicyServerClient::new(sleuth_kit::client::connect(&policy_addr, Some(&mesh), Duration::from_secs(5)).await?);
     let header = sleuth_proto::policy::v1::UpdateWeightsRequest {
         part: Some(sleuth_proto::policy::v1::update_weights_request::Part::Header(
-            sleuth_proto::policy::v1::WeightsHeader { version: 9, tensor_count: 0, checkpoint_uri: model.clone() },
+            sleuth_proto::policy::v1::WeightsHeader { version: 9, checkpoint_uri: model.clone(), ..Default::default() },
         )),
     };
     let denied = policy.update_weights(tokio_stream::iter([header])).await.unwrap_err();
@@ -309,17 +309,26 @@ async fn a_bf16_policy_server_gets_weights_in_bf16() -> Result<()> {
 }
 
 /// Two runs one after the other on the same policy server, as a recipe's
-/// SFT then GRPO: the second publishes its start weights above the first's
-/// versions, and `max_steps` (like the learning-rate schedule) counts its
-/// own optimizer steps, not version numbers, so it still trains all of them.
+/// SFT then GRPO: the second run has no start model of its own, yet the
+/// server holds the first run's weights, so it publishes the learner's
+/// model as its own version 1 (the server takes it, though it served the
+/// first run's version 1: versions count each run's own steps), and its
+/// turns are never sampled by the first run's weights. `max_steps` (like
+/// the learning-rate schedule) counts its optimizer steps, not version
+/// numbers, so it trains both.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_after_another_on_the_same_servers_trains_its_own_steps() -> Result<()> {
+    use sleuth_proto::policy::v1::GetModelInfoRequest;
+    use sleuth_proto::policy::v1::policy_server_client::PolicyServerClient;
+
     let scratch = tempfile::tempdir()?;
     let (env, _redis_server) = Env::start(scratch.path())?;
     let (model, redis_url, database) = (env.model.to_str().context("utf-8")?, &env.redis_url, &env.database);
     let (policy_addr, _policy) =
         sleuth_testkit::start_service!(policy_server, sleuth_testkit::service::policy_server_args(model, &[]));
     sleuth_testkit::service::wait_serving(&policy_addr, "sleuth.policy.v1.PolicyServer").await?;
+    let mut policy =
+        PolicyServerClient::new(sleuth_kit::client::connect(&policy_addr, None, Duration::from_secs(5)).await?);
     let redis = RedisStore::open(redis_url)?;
     for (run, groups) in [("first", 0..2), ("second", 2..6)] {
         for i in groups {
@@ -331,6 +340,13 @@ async fn a_run_after_another_on_the_same_servers_trains_its_own_steps() -> Resul
     let servers = ["--policy-servers", policy_addr.as_str()];
     train_one_step("first", model, redis_url, database, checkpoints, &servers).await?;
     until_served(&policy_addr, 1, "the first run's step").await?;
+    let second_turn = sleuth_proto::policy::v1::GenerateRequest { run_id: "second".into(), ..greedy(4) };
+    let refused = policy.generate(second_turn.clone()).await.unwrap_err();
+    assert_eq!(
+        refused.code(),
+        tonic::Code::FailedPrecondition,
+        "the first run's weights never sample the second's turns: {refused:?}"
+    );
 
     // Its groups carry version 0 (made before any run): never stale here.
     let two_steps = [&servers[..], &["--max-steps", "2", "--max-staleness", "100"]].concat();
@@ -347,10 +363,14 @@ async fn a_run_after_another_on_the_same_servers_trains_its_own_steps() -> Resul
     let db = sleuth_store::Database::open(database)?;
     let steps = learner::records::steps(&db, "second").await?;
     let trained: Vec<u64> = steps.iter().filter(|(_, m)| m["groups"] != 0).map(|(step, _)| *step).collect();
-    assert_eq!(trained, vec![3, 4], "two steps trained above the start version 2: {steps:?}");
-    assert_eq!(steps[0].0, 2, "{steps:?}");
+    assert_eq!(trained, vec![2, 3], "two steps trained above the start version 1: {steps:?}");
+    assert_eq!(steps[0].0, 1, "{steps:?}");
     assert_eq!(steps[0].1["republished"], "start model", "{steps:?}");
-    until_served(&policy_addr, 4, "the second run's last step").await?;
+    until_served(&policy_addr, 3, "the second run's last step").await?;
+    let info = policy.get_model_info(GetModelInfoRequest {}).await?.into_inner();
+    assert_eq!((info.run_id.as_str(), info.policy_version), ("second", 3), "the second run's last step is served");
+    let served = policy.generate(second_turn).await?.into_inner();
+    assert_eq!(served.policy_versions, vec![3; served.token_ids.len()]);
     Ok(())
 }
 
@@ -407,8 +427,8 @@ async fn checkpoints_go_to_s3_and_the_policy_server_loads_them_from_there() -> R
     let header = |uri: &str| policy_pb::UpdateWeightsRequest {
         part: Some(policy_pb::update_weights_request::Part::Header(policy_pb::WeightsHeader {
             version: 1,
-            tensor_count: 0,
             checkpoint_uri: uri.into(),
+            ..Default::default()
         })),
     };
     let missing = policy.update_weights(tokio_stream::iter([header("s3://runs/nothing-here")])).await.unwrap_err();

@@ -46,6 +46,7 @@ fn job(session: &str, prompt: Vec<i64>, max_new_tokens: usize) -> Job {
         stop_tokens: Vec::new(),
         stop_strings: None,
         min_version: 0,
+        run: String::new(),
     }
 }
 

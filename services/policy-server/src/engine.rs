@@ -28,6 +28,9 @@ pub struct Job {
     /// The oldest weights version that may sample this job (a training run's
     /// current version); refused with [`Error::Behind`] while older ones are served.
     pub min_version: u64,
+    /// The run whose weights must sample this job (empty: any); see
+    /// [`ModelFacts::may_sample`].
+    pub run: String,
 }
 
 /// Why a generation ended.
@@ -55,10 +58,54 @@ pub struct ModelFacts {
     pub vocab_size: u32,
     pub max_position_embeddings: u32,
     pub eos_token_ids: Vec<u32>,
+    /// The served weights' version: 0 for the model the server started with.
     pub version: u64,
+    /// The run whose weights are served (empty: the model the server started
+    /// with, or weights of no run).
+    pub run: String,
     pub kv_budget_tokens: u64,
     /// Every parameter's name and shape: what `UpdateWeights` may stream.
     pub parameters: std::sync::Arc<crate::weights::Parameters>,
+}
+
+impl ModelFacts {
+    /// Whether the served weights may sample `job`: its run's weights at
+    /// `min_version` or newer, or, while its run has published nothing
+    /// (`min_version` 0), also weights of no run. Version numbers count each
+    /// run's own steps, so another run's version says nothing of this one's.
+    /// The one rule for a job's admission and for jobs a weight update catches.
+    pub fn may_sample(&self, job: &Job) -> Result<(), Error> {
+        let same_run = job.run.is_empty() || job.run == self.run;
+        let serves = if job.min_version == 0 {
+            same_run || self.run.is_empty()
+        } else {
+            same_run && self.version >= job.min_version
+        };
+        if serves {
+            return Ok(());
+        }
+        let serving = match (self.run.as_str(), self.version) {
+            ("", 0) => "the model it started with".to_owned(),
+            ("", version) => format!("policy version {version} of no run"),
+            (run, version) => format!("run {run:?}'s policy version {version}"),
+        };
+        let needed = match (job.run.as_str(), job.min_version) {
+            ("", version) => format!("at least version {version}"),
+            (run, 0) => format!("run {run:?}'s weights or the model the server started with"),
+            (run, version) => format!("run {run:?}'s weights at version {version} or newer"),
+        };
+        Err(Error::Behind { serving, needed })
+    }
+
+    /// Whether weights of `run` at `version` may replace the served ones: a
+    /// run's versions only go forward; another run's weights (or the model
+    /// the server started with) are replaced whatever their number.
+    pub fn may_take(&self, run: &str, version: u64) -> Result<(), Error> {
+        if version == 0 || (run == self.run && version <= self.version) {
+            return Err(Error::StaleVersion { offered: version, served: self.version });
+        }
+        Ok(())
+    }
 }
 
 /// New weights: named tensors (HF names) or a checkpoint directory.
@@ -80,7 +127,7 @@ pub struct RawTensor {
 
 pub(crate) enum Command {
     Generate { job: Job, events: mpsc::UnboundedSender<Result<Event, Error>> },
-    Update { version: u64, weights: Weights, reply: oneshot::Sender<Result<u64, Error>> },
+    Update { run: String, version: u64, weights: Weights, reply: oneshot::Sender<Result<u64, Error>> },
     Facts { reply: oneshot::Sender<ModelFacts> },
 }
 
@@ -184,10 +231,11 @@ impl Engine {
         Ok(receiver)
     }
 
-    /// Replaces the weights between two decode steps; returns the version now served.
-    pub async fn update(&self, version: u64, weights: Weights) -> Result<u64, Error> {
+    /// Replaces the weights with `run`'s `version` between two decode steps
+    /// (see [`ModelFacts::may_take`]); returns the version now served.
+    pub async fn update(&self, run: String, version: u64, weights: Weights) -> Result<u64, Error> {
         let (reply, answer) = oneshot::channel();
-        self.send(Command::Update { version, weights, reply })?;
+        self.send(Command::Update { run, version, weights, reply })?;
         answer.await.map_err(|_| self.stopped())?
     }
 

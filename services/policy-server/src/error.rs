@@ -7,11 +7,13 @@ pub enum Error {
     /// The request is wrong; the message names the field and value.
     #[error("{0}")]
     InvalidArgument(String),
-    #[error("weights version {offered} is not newer than the served version {served}")]
+    /// Weights of the served run that are not newer than the served ones (or version 0).
+    #[error("weights version {offered} is not newer than the served version {served} of the same run")]
     StaleVersion { offered: u64, served: u64 },
-    /// The request needs newer weights than those served (see `GenerateRequest.min_policy_version`).
-    #[error("serves policy version {served}; the request needs at least version {needed}")]
-    Behind { served: u64, needed: u64 },
+    /// The request needs other weights than those served: newer, or another
+    /// run's (see `GenerateRequest.min_policy_version` and `run_id`).
+    #[error("serves {serving}; the request needs {needed}")]
+    Behind { serving: String, needed: String },
     #[error("overloaded: {0}")]
     Overloaded(String),
     #[error("{0}")]

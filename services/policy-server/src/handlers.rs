@@ -87,6 +87,7 @@ impl Handlers {
             stop_tokens: params.stop_token_ids.clone(),
             stop_strings,
             min_version: request.min_policy_version,
+            run: request.run_id.clone(),
         };
         Ok((job, request.return_model_logprobs))
     }
@@ -193,7 +194,7 @@ impl PolicyServer for Handlers {
             Weights::Tensors(tensors) => tensors.len() as u32,
             Weights::Checkpoint(_) => 0,
         };
-        let version = engine.update(header.version, weights).await?;
+        let version = engine.update(header.run_id.clone(), header.version, weights).await?;
         drop(fetched);
         Ok(Response::new(pb::UpdateWeightsResponse {
             version,
@@ -217,6 +218,7 @@ impl PolicyServer for Handlers {
             policy_version: facts.version,
             kv_cache_budget_tokens: facts.kv_budget_tokens,
             libtorch_version: String::new(),
+            run_id: facts.run,
         }))
     }
 }

@@ -84,6 +84,7 @@ impl Scheduler {
             max_position_embeddings: config.max_position_embeddings as u32,
             eos_token_ids: config.eos_token_ids(),
             version: 0,
+            run: String::new(),
             kv_budget_tokens: limits.kv_budget_tokens as u64,
             parameters: std::sync::Arc::new(vars.variables().into_iter().map(|(name, t)| (name, t.size())).collect()),
         };
@@ -129,8 +130,8 @@ impl Scheduler {
     fn handle(&mut self, command: Command, batch: &mut BatchCache) {
         match command {
             Command::Generate { job, events } => {
-                if job.min_version > self.facts.version {
-                    let _ = events.send(Err(Error::Behind { served: self.facts.version, needed: job.min_version }));
+                if let Err(behind) = self.facts.may_sample(&job) {
+                    let _ = events.send(Err(behind));
                 } else if self.waiting.len() >= self.limits.max_queue {
                     METRICS.refused_requests.inc();
                     let _ = events.send(Err(Error::Overloaded(format!(
@@ -141,8 +142,8 @@ impl Scheduler {
                     self.waiting.push_back(Waiting { job, events });
                 }
             }
-            Command::Update { version, weights, reply } => {
-                let updated = self.update(version, weights);
+            Command::Update { run, version, weights, reply } => {
+                let updated = self.update(run, version, weights);
                 if updated.is_ok() {
                     self.refill(batch);
                 }
@@ -155,10 +156,8 @@ impl Scheduler {
     }
 
     /// Validates and copies new weights into the model; all or nothing.
-    fn update(&mut self, version: u64, weights: Weights) -> Result<u64, Error> {
-        if version <= self.facts.version {
-            return Err(Error::StaleVersion { offered: version, served: self.facts.version });
-        }
+    fn update(&mut self, run: String, version: u64, weights: Weights) -> Result<u64, Error> {
+        self.facts.may_take(&run, version)?;
         match weights {
             Weights::Checkpoint(dir) => {
                 let config = Config::from_file(&dir.join("config.json"))?;
@@ -197,22 +196,51 @@ impl Scheduler {
                 }
             }
         }
+        if run != self.facts.run {
+            tracing::warn!(run, replaced = self.facts.run, "weights of another run replace the served ones");
+        }
         self.facts.version = version;
+        self.facts.run = run;
         METRICS.policy_version.set(version as i64);
         self.sessions.clear();
-        tracing::info!(version, "weights updated");
+        tracing::info!(version, run = self.facts.run, "weights updated");
         Ok(version)
+    }
+
+    /// After a weight update: refuses the waiting and running jobs the new
+    /// weights may not sample (another run's, see [`ModelFacts::may_sample`])
+    /// with the reason, as if they had arrived now; nothing they sampled so
+    /// far reaches their caller as an answer, so it may ask another replica.
+    /// Called by [`Self::refill`] while the batch holds no row.
+    fn drop_unservable(&mut self) {
+        let facts = &self.facts;
+        self.waiting.retain(|waiting| match facts.may_sample(&waiting.job) {
+            Ok(()) => true,
+            Err(behind) => {
+                let _ = waiting.events.send(Err(behind));
+                false
+            }
+        });
+        for row in (0..self.running.len()).rev() {
+            if let Err(behind) = self.facts.may_sample(&self.running[row].job) {
+                let gone = self.running.swap_remove(row);
+                self.reserved -= gone.job.prompt.len() + gone.job.max_new_tokens;
+                let _ = gone.events.send(Err(behind));
+            }
+        }
     }
 
     /// After a weight update: recomputes the keys and values of every running
     /// sequence with the new weights, so each token sampled from now on comes
     /// from the new version alone, as its recorded version says. (Decoding on
     /// keys and values the old weights wrote gave logprobs of neither
-    /// version: the learner could not reproduce them.)
+    /// version: the learner could not reproduce them.) Sequences the new
+    /// weights may not sample are dropped instead ([`Self::drop_unservable`]).
     fn refill(&mut self, batch: &mut BatchCache) {
         for row in (0..self.running.len()).rev() {
             batch.remove(row);
         }
+        self.drop_unservable();
         for running in &self.running {
             let tokens = running.cached_tokens();
             let length = tokens.len() as i64;

@@ -87,6 +87,7 @@ fn request(prompt: &[u32], temperature: f32, seed: u64, max_new_tokens: u32) -> 
         }),
         return_model_logprobs: true,
         min_policy_version: 0,
+        run_id: String::new(),
     }
 }
 
@@ -177,11 +178,16 @@ async fn bad_input_is_invalid_argument_naming_the_field() -> Result<()> {
 }
 
 fn header(version: u64, tensor_count: u32) -> pb::UpdateWeightsRequest {
+    run_header("", version, tensor_count)
+}
+
+fn run_header(run: &str, version: u64, tensor_count: u32) -> pb::UpdateWeightsRequest {
     pb::UpdateWeightsRequest {
         part: Some(pb::update_weights_request::Part::Header(pb::WeightsHeader {
             version,
             tensor_count,
-            checkpoint_uri: String::new(),
+            run_id: run.into(),
+            ..Default::default()
         })),
     }
 }
@@ -190,8 +196,8 @@ fn checkpoint(version: u64, uri: &str) -> pb::UpdateWeightsRequest {
     pb::UpdateWeightsRequest {
         part: Some(pb::update_weights_request::Part::Header(pb::WeightsHeader {
             version,
-            tensor_count: 0,
             checkpoint_uri: uri.into(),
+            ..Default::default()
         })),
     }
 }
@@ -260,7 +266,10 @@ async fn weight_updates_are_validated_versioned_and_swap_between_tokens() -> Res
     let needs_v1 = pb::GenerateRequest { min_policy_version: 1, ..request(&PROMPT, 0.0, 0, 4) };
     let behind = policy.generate(needs_v1.clone()).await.unwrap_err();
     assert_eq!(behind.code(), Code::FailedPrecondition, "{behind:?}");
-    assert!(behind.message().contains("serves policy version 0; the request needs at least version 1"), "{behind:?}");
+    assert!(
+        behind.message().contains("serves the model it started with; the request needs at least version 1"),
+        "{behind:?}"
+    );
 
     // A long generation across an update: tokens before it carry version 0, after it version 1.
     let mut stream =
@@ -284,6 +293,80 @@ async fn weight_updates_are_validated_versioned_and_swap_between_tokens() -> Res
     assert_eq!(policy.get_model_info(pb::GetModelInfoRequest {}).await?.into_inner().policy_version, 1);
     let served = policy.generate(needs_v1).await?.into_inner();
     assert_eq!(served.policy_versions, vec![1; served.token_ids.len()], "served once up to date");
+    Ok(())
+}
+
+/// Version numbers count each run's own steps, so a server knows whose
+/// weights it serves: a run's versions only go forward, another run's
+/// weights replace them whatever their number, and from then on the first
+/// run's turns (those in flight included) are refused, never sampled by the
+/// other run's weights under its own version number.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn weights_of_another_run_replace_any_version_and_that_run_is_no_longer_served() -> Result<()> {
+    let server = start(&[]).await?;
+    let mut policy = client(&server).await?;
+    let norm = vec![1.0f32; 576];
+    let update = |run: &str, version| vec![run_header(run, version, 1), tensor("model.norm.weight", &[576], &norm)];
+    let turn_of = |run: &str, min_policy_version, max_new_tokens| pb::GenerateRequest {
+        run_id: run.into(),
+        min_policy_version,
+        ..request(&PROMPT, 0.0, 0, max_new_tokens)
+    };
+
+    // Until some run publishes, the model the server started with serves a run that has published nothing.
+    policy.generate(turn_of("first", 0, 2)).await?;
+    policy.update_weights(tokio_stream::iter(update("first", 5))).await?;
+    let info = policy.get_model_info(pb::GetModelInfoRequest {}).await?.into_inner();
+    assert_eq!((info.run_id.as_str(), info.policy_version), ("first", 5));
+    let stale = policy.update_weights(tokio_stream::iter(update("first", 5))).await.unwrap_err();
+    assert_eq!(stale.code(), Code::FailedPrecondition, "{stale:?}");
+    assert!(stale.message().contains("not newer than the served version 5 of the same run"), "{stale:?}");
+    let other = policy.generate(turn_of("second", 0, 2)).await.unwrap_err();
+    assert_eq!(other.code(), Code::FailedPrecondition, "{other:?}");
+    assert!(
+        other.message().contains(
+            r#"serves run "first"'s policy version 5; the request needs run "second"'s weights or the model the server started with"#
+        ),
+        "{other:?}"
+    );
+    assert_eq!(policy.generate(turn_of("first", 3, 2)).await?.into_inner().policy_versions, vec![5, 5]);
+
+    // A long turn of the first run and one of no run are in flight when the
+    // second run's version 1 arrives (sampled, so no end-of-turn token comes
+    // within 200 tokens; the update takes a few milliseconds).
+    let long = |run: &str, min_policy_version| pb::GenerateRequest {
+        run_id: run.into(),
+        min_policy_version,
+        ..request(&[1, 504, 3575, 282], 1.0, 7, 200)
+    };
+    let mut first = client(&server).await?.generate_stream(long("first", 5)).await?.into_inner();
+    let mut any = client(&server).await?.generate_stream(long("", 0)).await?.into_inner();
+    let chunk = first.message().await?.context("a first token")?;
+    assert_eq!(chunk.policy_versions, vec![5]);
+    let updated = policy.update_weights(tokio_stream::iter(update("second", 1))).await?.into_inner();
+    assert_eq!(updated.version, 1, "another run's weights replace version 5 with its version 1");
+    let refused = loop {
+        match first.message().await {
+            Ok(Some(chunk)) => assert_eq!(chunk.policy_versions, vec![5], "no token of the second run's weights"),
+            Ok(None) => anyhow::bail!("the first run's turn ended although the second run's weights are served"),
+            Err(status) => break status,
+        }
+    };
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    assert!(refused.message().contains(r#"serves run "second"'s policy version 1"#), "{refused:?}");
+    let mut versions = Vec::new();
+    while let Some(chunk) = any.message().await? {
+        versions.extend(chunk.policy_versions);
+    }
+    // Not refused: it ends as sampled, its tokens after the update from the new weights.
+    let switch = versions.iter().position(|&v| v == 1).unwrap_or(versions.len());
+    assert!(versions[..switch].iter().all(|&v| v == 5) && versions[switch..].iter().all(|&v| v == 1), "{versions:?}");
+
+    let info = policy.get_model_info(pb::GetModelInfoRequest {}).await?.into_inner();
+    assert_eq!((info.run_id.as_str(), info.policy_version), ("second", 1));
+    assert_eq!(policy.generate(turn_of("second", 1, 2)).await?.into_inner().policy_versions, vec![1, 1]);
+    let first_again = policy.generate(turn_of("first", 5, 2)).await.unwrap_err();
+    assert!(first_again.message().contains(r#"the request needs run "first"'s weights at version 5 or newer"#));
     Ok(())
 }
 
