@@ -42,8 +42,9 @@ async fn answered(mesh: &Mesh, task: &Task, teacher: &str, episode: &str) -> Res
         sample_index: 0,
         task: Some(task.clone()),
         config: Some(agent(teacher)),
+        ticket: String::new(),
     };
-    mesh.client().await?.run_episode(request).await?.into_inner().episode.context("episode")
+    mesh.client().await?.run_episode(sleuth_tests::ticketed(request)).await?.into_inner().episode.context("episode")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -46,13 +46,17 @@ fn chart_renders_valid_manifests_with_known_settings() -> Result<()> {
         }
     }
     // Scopes: only the learner and the policy servers hold the publication
-    // token, only the tool gateway and the orchestrator the administration one.
+    // token, only the tool gateway, the orchestrator and the inference
+    // gateway the administration one; only the orchestrator (which issues
+    // episode tickets) and the inference gateway (which checks them) the ticket key.
     for (binary, env, _) in deployments(&defaults) {
         let holds = |name: &str| env.iter().any(|e| e == name);
         let publish = matches!(binary.as_str(), "learner" | "policy-server");
-        let admin = matches!(binary.as_str(), "tool-gateway" | "rollout-orchestrator");
+        let admin = matches!(binary.as_str(), "tool-gateway" | "rollout-orchestrator" | "inference-gateway");
+        let tickets = matches!(binary.as_str(), "rollout-orchestrator" | "inference-gateway");
         assert_eq!(holds("SLEUTH_PUBLISH_TOKEN_FILE"), publish, "{binary} and the publication token");
         assert_eq!(holds("SLEUTH_ADMIN_TOKEN_FILE"), admin, "{binary} and the administration token");
+        assert_eq!(holds("SLEUTH_TICKET_KEY_FILE"), tickets, "{binary} and the ticket key");
     }
     let unscoped = helm_template(&["auth.scopes=false"])?;
     validate(&unscoped)?;

@@ -173,11 +173,12 @@ pub fn request(episode: &str, budget: AgentBudget) -> RunEpisodeRequest {
             sampling: Some(SamplingParams { temperature: Some(0.0), ..Default::default() }),
             ..Default::default()
         }),
+        ticket: String::new(),
     }
 }
 
 pub async fn run(agent: &mut AgentClient<MeshChannel>, episode: &str, budget: AgentBudget) -> Result<Episode> {
-    agent.run_episode(request(episode, budget)).await?.into_inner().episode.context("episode")
+    agent.run_episode(crate::ticketed(request(episode, budget))).await?.into_inner().episode.context("episode")
 }
 
 pub fn budget(max_turns: u32, per_turn: u32, episode: u32) -> AgentBudget {

@@ -16,6 +16,19 @@ use anyhow::{Context, Result, bail};
 pub const SERVICES: [&str; 6] =
     ["tool-gateway", "policy-server", "learner", "rollout-orchestrator", "inference-gateway", "agent"];
 
+/// The ticket key of every test mesh (`SLEUTH_TICKET_KEY` of each process):
+/// the orchestrator issues episode tickets and the inference gateway checks
+/// them in every cross-service test, as in a deployment.
+pub const TICKET_KEY: &str = "test-mesh-ticket-key";
+
+/// `request` with the ticket a test mesh's orchestrator would issue it (for
+/// a test that calls an agent itself).
+pub fn ticketed(mut request: sleuth_proto::agent::v1::RunEpisodeRequest) -> sleuth_proto::agent::v1::RunEpisodeRequest {
+    let key = sleuth_kit::ticket::TicketKey::new(TICKET_KEY.parse().expect("a visible-ASCII key"));
+    request.ticket = agent::ticket::issue(&key, &request);
+    request
+}
+
 /// A service binary running as a child process.
 pub struct ServiceProcess {
     pub name: &'static str,
@@ -41,6 +54,7 @@ impl ServiceProcess {
             .env("SLEUTH_LISTEN", "127.0.0.1:0")
             // On loopback; a test that gives a token authenticates anyway.
             .env("SLEUTH_INSECURE", "true")
+            .env("SLEUTH_TICKET_KEY", TICKET_KEY)
             // The HTTP port of the services that have one (the orchestrator's dashboard).
             .env("SLEUTH_HTTP_LISTEN", "127.0.0.1:0")
             .env("SLEUTH_LOG_FORMAT", "json")

@@ -53,8 +53,9 @@ async fn played(
                 .map(|seed| sleuth_proto::common::v1::SamplingParams { seed: Some(seed), ..Default::default() }),
             ..Default::default()
         }),
+        ticket: String::new(),
     };
-    mesh.client().await?.run_episode(request).await?.into_inner().episode.context("episode")
+    mesh.client().await?.run_episode(sleuth_tests::ticketed(request)).await?.into_inner().episode.context("episode")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -44,7 +44,9 @@ mesh_init() {
     >"$mesh_work/redis.log" 2>&1 &
   mesh_pids+=($!)
   SLEUTH_AUTH_TOKEN="demo-$(od -An -N12 -tx1 /dev/urandom | tr -d ' \n')"
-  export SLEUTH_AUTH_TOKEN SLEUTH_REDIS_URL="redis://127.0.0.1:$redis_port/0"
+  # The key episode tickets are signed with (the orchestrator issues them, the inference gateway checks them).
+  SLEUTH_TICKET_KEY="demo-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')"
+  export SLEUTH_AUTH_TOKEN SLEUTH_TICKET_KEY SLEUTH_REDIS_URL="redis://127.0.0.1:$redis_port/0"
   export SLEUTH_DATABASE_URL="sqlite://$mesh_work/sleuth.db" SLEUTH_DEVICE=cpu SLEUTH_DRAIN_TIMEOUT=5s
   export SLEUTH_CHECKPOINT_URI="$mesh_work/checkpoints" SLEUTH_REPORT_DIR="$mesh_work/evaluations"
   # A local mesh serves its own user, on loopback: task sets (SOURCE, COLLECTION) may be

@@ -30,7 +30,7 @@ struct EnsureSecretArgs {
     /// The Secret's name.
     name: String,
     /// The keys it must hold, comma separated.
-    #[arg(long, value_delimiter = ',', default_value = "token,publish-token,admin-token")]
+    #[arg(long, value_delimiter = ',', default_value = "token,publish-token,admin-token,ticket-key")]
     keys: Vec<String>,
     /// Its namespace; default: the pod's (or the kubeconfig context's).
     #[arg(long)]

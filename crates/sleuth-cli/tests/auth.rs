@@ -28,9 +28,10 @@ async fn the_token_secret_is_made_once_and_only_completed_after() -> Result<()> 
     let first = api.secret("mesh-auth").expect("the secret was created");
     assert_eq!(first["metadata"]["labels"]["app.kubernetes.io/instance"], "r");
     let data = first["data"].as_object().expect("data").clone();
-    assert_eq!(data.keys().collect::<Vec<_>>(), ["admin-token", "publish-token", "token"]);
+    assert_eq!(data.keys().collect::<Vec<_>>(), ["admin-token", "publish-token", "ticket-key", "token"]);
     let tokens: Vec<&str> = data.values().filter_map(|v| v.as_str()).collect();
-    assert!(tokens.iter().all(|t| t.len() >= 40) && tokens[0] != tokens[1] && tokens[1] != tokens[2], "{tokens:?}");
+    let distinct: std::collections::BTreeSet<&&str> = tokens.iter().collect();
+    assert!(tokens.iter().all(|t| t.len() >= 40) && distinct.len() == 4, "{tokens:?}");
     assert!(!printed.contains(tokens[0]), "a token reached the output:\n{printed}");
 
     // Every later render and hook run leaves the tokens pods hold as they are.
@@ -41,7 +42,7 @@ async fn the_token_secret_is_made_once_and_only_completed_after() -> Result<()> 
     // An operator's Secret with only the mesh token: the scope tokens are added, the mesh token kept.
     api.set_secret("operators", serde_json::json!({"token": "b3BlcmF0b3ItdG9rZW4="}));
     let printed = ensure_secret(&api, &["operators"])?;
-    assert!(printed.contains("added keys publish-token, admin-token"), "{printed}");
+    assert!(printed.contains("added keys publish-token, admin-token, ticket-key"), "{printed}");
     let completed = api.secret("operators").expect("still there");
     assert_eq!(completed["data"]["token"], "b3BlcmF0b3ItdG9rZW4=");
     assert!(completed["data"]["publish-token"].as_str().is_some_and(|t| t.len() >= 40));

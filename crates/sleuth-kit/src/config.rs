@@ -149,6 +149,43 @@ impl AdminTokenArgs {
     }
 }
 
+/// The key episode tickets are signed with (see [`crate::ticket`]): the
+/// orchestrator issues tickets with it, the inference gateway checks them.
+/// Unset: no tickets, which only `--insecure` allows.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct TicketKeyArgs {
+    /// Key that signs episode tickets; the orchestrator and the inference gateway must share it.
+    #[arg(long, env = "SLEUTH_TICKET_KEY", hide_env_values = true, conflicts_with = "ticket_key_file")]
+    pub ticket_key: Option<BearerToken>,
+
+    /// File holding the ticket key (a mounted secret).
+    #[arg(long, env = "SLEUTH_TICKET_KEY_FILE")]
+    pub ticket_key_file: Option<PathBuf>,
+}
+
+impl TicketKeyArgs {
+    /// The environment variable that sets the key, for errors.
+    pub const SETTING: &'static str = "SLEUTH_TICKET_KEY";
+
+    /// The configured key. None only with `serve.insecure`: a service that
+    /// issues or checks tickets never runs without them otherwise.
+    pub fn key(&self, serve: &ServeArgs) -> Result<Option<crate::ticket::TicketKey>, KitError> {
+        let key = token_from(self.ticket_key.as_ref(), self.ticket_key_file.as_deref(), "ticket_key_file")?;
+        if key.is_none() && !serve.insecure {
+            return Err(KitError::Config {
+                field: "ticket_key",
+                message: format!(
+                    "{} (or {}_FILE) is unset: episodes would have no tickets, so any holder of the mesh \
+                     token could write or read any episode's trace; set it, or pass --insecure on loopback",
+                    Self::SETTING,
+                    Self::SETTING
+                ),
+            });
+        }
+        Ok(key.map(crate::ticket::TicketKey::new))
+    }
+}
+
 impl Default for ServeArgs {
     fn default() -> Self {
         Self {

@@ -21,10 +21,11 @@ pub mod serve;
 pub mod shutdown;
 pub mod stack;
 pub mod telemetry;
+pub mod ticket;
 pub mod trace_context;
 
 pub use auth::BearerToken;
-pub use config::{AdminTokenArgs, PublishTokenArgs, ServeArgs, TelemetryArgs};
+pub use config::{AdminTokenArgs, PublishTokenArgs, ServeArgs, TelemetryArgs, TicketKeyArgs};
 pub use error::{ErrorKind, KitError, ServiceError};
 pub use health::Probe;
 pub use serve::{GrpcService, serve};

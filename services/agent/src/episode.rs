@@ -155,6 +155,7 @@ pub async fn run(clients: &Clients, request: &RunEpisodeRequest) -> Episode {
                         .map(|(t, stats)| t.reply(observation, stats, max_turns - turns))
                         .unwrap_or_default(),
                     turns_before: Some(turns),
+                    ticket: request.ticket.clone(),
                     ..Default::default()
                 };
                 let response = match within(clients.model_timeout, chat, async |r| clients.model.clone().chat(r).await)
@@ -297,7 +298,10 @@ async fn finish(
         let finished = clients
             .model
             .clone()
-            .finish_episode(inference::FinishEpisodeRequest { episode_id: request.episode_id.clone() })
+            .finish_episode(inference::FinishEpisodeRequest {
+                episode_id: request.episode_id.clone(),
+                ticket: request.ticket.clone(),
+            })
             .await;
         match finished {
             Ok(trace) => Some(trace.into_inner()),

@@ -4,13 +4,15 @@
 //! - [`prompt`]: what the model is told (system prompt, answer tool);
 //! - [`episode`]: the loop of one episode, its budgets and outcomes (its
 //!   tool calls run in `calls`);
-//! - [`teacher`]: scripted strategies that reply instead of the policy (SFT data).
+//! - [`teacher`]: scripted strategies that reply instead of the policy (SFT data);
+//! - [`ticket`]: the ticket an episode runs under at the inference gateway.
 
 pub mod budget;
 mod calls;
 pub mod episode;
 pub mod prompt;
 pub mod teacher;
+pub mod ticket;
 
 use std::future::Future;
 use std::net::SocketAddr;

@@ -94,7 +94,10 @@ async fn main() -> Result<()> {
         conversations.push(messages);
     }
 
-    let trace = gateway.get_trace(pb::GetTraceRequest { episode_id: "long-0".into() }).await?.into_inner();
+    let trace = gateway
+        .get_trace(pb::GetTraceRequest { episode_id: "long-0".into(), ..Default::default() })
+        .await?
+        .into_inner();
     let trace_tokens: usize = trace.segments.iter().map(|s| s.token_ids.len()).sum();
     println!(
         "long episodes: {TURNS} turns, observations of {} tokens, {EPISODES} episodes (median), trace of {trace_tokens} tokens",

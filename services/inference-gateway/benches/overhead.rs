@@ -64,7 +64,8 @@ async fn gateway_episode(addr: String, episode: String) -> Result<(Vec<Duration>
             ..Default::default()
         });
     }
-    let trace = gateway.get_trace(pb::GetTraceRequest { episode_id: episode }).await?.into_inner();
+    let trace =
+        gateway.get_trace(pb::GetTraceRequest { episode_id: episode, ..Default::default() }).await?.into_inner();
     // Each turn's prompt: every segment before that turn's sampled segment.
     let mut prompts = Vec::new();
     let mut tokens = Vec::new();

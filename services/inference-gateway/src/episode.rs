@@ -37,6 +37,10 @@ pub struct EpisodeRecord {
     /// Assistant turns recorded so far (the next turn's number).
     #[prost(uint32, tag = "4")]
     pub turns: u32,
+    /// The episode was started with a ticket: only it (or the admin token)
+    /// opens it (see [`crate::tickets`]).
+    #[prost(bool, tag = "5")]
+    pub ticketed: bool,
 }
 
 impl EpisodeRecord {
@@ -46,6 +50,7 @@ impl EpisodeRecord {
             messages_seen: 0,
             history_digest: Vec::new(),
             turns: 0,
+            ticketed: false,
         }
     }
 
@@ -290,8 +295,8 @@ impl TraceStore {
         })
     }
 
-    /// The episode's whole trace, or None when it has none (new or expired).
-    pub async fn get(&self, episode: &str) -> Result<Option<Trace>, Error> {
+    /// The episode's record with its whole trace, or None when it has none (new or expired).
+    pub async fn get(&self, episode: &str) -> Result<Option<EpisodeRecord>, Error> {
         let mut connection = self.redis.connection().await?;
         let [hash, segments, tokens] = Self::keys(episode);
         let (head, stored): (Option<Vec<u8>>, Vec<Vec<u8>>) = redis::Script::new(READ)
@@ -303,9 +308,10 @@ impl TraceStore {
             .await
             .map_err(|e| Error::Internal(format!("reading the trace of episode {episode}: {e}")))?;
         let Some(head) = head else { return Ok(None) };
-        let mut trace = decode::<EpisodeRecord>(episode, "record", &head)?.trace.unwrap_or_default();
-        trace.segments = stored.iter().map(|bytes| decode(episode, "trace", bytes)).collect::<Result<_, _>>()?;
-        Ok(Some(trace))
+        let mut record = decode::<EpisodeRecord>(episode, "record", &head)?;
+        record.trace_mut().segments =
+            stored.iter().map(|bytes| decode(episode, "trace", bytes)).collect::<Result<_, _>>()?;
+        Ok(Some(record))
     }
 
     /// Saves what `loaded`'s turn added over the revision it was loaded at,

@@ -8,6 +8,9 @@ pub enum Error {
     InvalidArgument(String),
     #[error("{0}")]
     NotFound(String),
+    /// The caller may not act on the episode (see [`crate::tickets`]).
+    #[error("{0}")]
+    Denied(String),
     /// The conversation no longer matches the recorded tokens and the gateway is set to fail.
     #[error("episode {episode}: {message}")]
     Drift { episode: String, message: String },
@@ -50,6 +53,7 @@ impl ServiceError for Error {
         match self {
             Error::InvalidArgument(_) => ErrorKind::InvalidArgument,
             Error::NotFound(_) => ErrorKind::NotFound,
+            Error::Denied(_) => ErrorKind::PermissionDenied,
             Error::Drift { .. } | Error::TraceGone { .. } => ErrorKind::FailedPrecondition,
             Error::ConcurrentTurn { .. } | Error::TurnsDisagree { .. } => ErrorKind::Aborted,
             Error::Policy(status) if status.code() == tonic::Code::InvalidArgument => ErrorKind::InvalidArgument,

@@ -11,6 +11,7 @@ use crate::conversation::{LastReply, Renderer};
 use crate::episode::{HistoryDigest, TraceStore};
 use crate::error::Error;
 use crate::metrics::METRICS;
+use crate::tickets::{Act, Holder, Tickets};
 use sleuth_kit::ServiceError;
 use tracing::Instrument as _;
 
@@ -38,6 +39,8 @@ pub struct Handlers {
     pub runs: sleuth_store::RedisStore,
     /// What a turn does when the conversation drifted from the trace.
     pub on_drift: OnDrift,
+    /// Who may act on which episode.
+    pub tickets: Tickets,
 }
 
 fn message_json(message: &ChatMessage) -> Json {
@@ -91,28 +94,50 @@ fn taught(mut tokens: Vec<u32>, max_new_tokens: u32) -> sleuth_proto::policy::v1
 #[tonic::async_trait]
 impl InferenceGateway for Handlers {
     async fn chat(&self, request: Request<pb::ChatRequest>) -> Result<Response<pb::ChatResponse>, Status> {
-        Ok(Response::new(self.turn("grpc", request.into_inner()).await?))
+        let authorization = authorization(&request);
+        Ok(Response::new(self.turn("grpc", authorization.as_deref(), request.into_inner()).await?))
     }
 
     async fn get_trace(&self, request: Request<pb::GetTraceRequest>) -> Result<Response<Trace>, Status> {
-        let episode = request.into_inner().episode_id;
-        let trace = self
-            .traces
-            .get(&episode)
-            .await?
-            .ok_or_else(|| Error::NotFound(format!("no trace for episode {episode:?}")))?;
-        Ok(Response::new(trace))
+        let authorization = authorization(&request);
+        let pb::GetTraceRequest { episode_id, ticket } = request.into_inner();
+        Ok(Response::new(self.read_trace(authorization.as_deref(), &episode_id, &ticket).await?))
     }
 
     async fn finish_episode(&self, request: Request<pb::FinishEpisodeRequest>) -> Result<Response<Trace>, Status> {
         // The trace stays readable until its TTL; the policy server's cached prefix ages out on its own.
-        self.get_trace(Request::new(pb::GetTraceRequest { episode_id: request.into_inner().episode_id })).await
+        let authorization = authorization(&request);
+        let pb::FinishEpisodeRequest { episode_id, ticket } = request.into_inner();
+        Ok(Response::new(self.read_trace(authorization.as_deref(), &episode_id, &ticket).await?))
     }
 }
 
+/// The call's `authorization` header, for the admin token's reach over tickets.
+fn authorization<T>(request: &Request<T>) -> Option<String> {
+    request.metadata().get("authorization").and_then(|value| value.to_str().ok()).map(str::to_owned)
+}
+
 impl Handlers {
-    /// One assistant turn: what both front doors (gRPC Chat, OpenAI HTTP) run.
-    pub async fn turn(&self, front_door: &str, request: pb::ChatRequest) -> Result<pb::ChatResponse, Error> {
+    /// An episode's whole trace, for a caller its ticket (or the admin token) admits.
+    async fn read_trace(&self, authorization: Option<&str>, episode: &str, ticket: &str) -> Result<Trace, Error> {
+        let holder = self.tickets.holder(authorization, episode, ticket)?;
+        let mut record = self
+            .traces
+            .get(episode)
+            .await?
+            .ok_or_else(|| Error::NotFound(format!("no trace for episode {episode:?}")))?;
+        Tickets::check(holder, episode, &record, Act::Read)?;
+        Ok(std::mem::take(record.trace_mut()))
+    }
+
+    /// One assistant turn: what both front doors (gRPC Chat, OpenAI HTTP)
+    /// run, for a caller with the `authorization` header `authorization`.
+    pub async fn turn(
+        &self,
+        front_door: &str,
+        authorization: Option<&str>,
+        request: pb::ChatRequest,
+    ) -> Result<pb::ChatResponse, Error> {
         let started = std::time::Instant::now();
         let span = tracing::info_span!(
             "gateway_turn",
@@ -122,7 +147,7 @@ impl Handlers {
             policy_version = tracing::field::Empty,
             teacher = !request.teacher_reply.is_empty(),
         );
-        let result = self.recorded_turn(request).instrument(span).await;
+        let result = self.recorded_turn(authorization, request).instrument(span).await;
         let outcome = match &result {
             Ok((response, policy_wait)) => {
                 METRICS.overhead_seconds.observe(started.elapsed().saturating_sub(*policy_wait).as_secs_f64());
@@ -138,11 +163,16 @@ impl Handlers {
     }
 
     /// A turn, and how long it waited on the policy server.
-    async fn recorded_turn(&self, request: pb::ChatRequest) -> Result<(pb::ChatResponse, std::time::Duration), Error> {
+    async fn recorded_turn(
+        &self,
+        authorization: Option<&str>,
+        request: pb::ChatRequest,
+    ) -> Result<(pb::ChatResponse, std::time::Duration), Error> {
         let episode = request.episode_id.trim().to_owned();
         if episode.is_empty() {
             return Err(Error::InvalidArgument("episode_id must not be empty".to_owned()));
         }
+        let holder = self.tickets.holder(authorization, &episode, &request.ticket)?;
         if request.messages.is_empty() {
             return Err(Error::InvalidArgument("messages must not be empty".to_owned()));
         }
@@ -151,6 +181,8 @@ impl Handlers {
         // A teacher's turn sends no prompt to a policy: it reads only how many tokens there are.
         let teacher = !request.teacher_reply.is_empty();
         let mut loaded = self.traces.load(&episode, !teacher).await?;
+        Tickets::check(holder, &episode, &loaded.record, Act::Turn { run: request.run_id.trim(), teacher })?;
+        loaded.record.ticketed |= matches!(holder, Holder::Ticket(_));
         let turn = loaded.record.turns;
         tracing::Span::current().record("turn", turn);
         match request.turns_before {
@@ -204,6 +236,17 @@ impl Handlers {
         let stop = sampling.stop.clone();
         if sampling.max_new_tokens == 0 {
             sampling.max_new_tokens = DEFAULT_MAX_NEW_TOKENS;
+        }
+        // A ticket's episode stays within its run's token budget, whoever writes its turns.
+        if let Holder::Ticket(admission) = holder {
+            let budget = admission.max_tokens as usize;
+            if prompt_tokens >= budget {
+                return Err(Error::InvalidArgument(format!(
+                    "episode {episode}: its trace would hold {prompt_tokens} tokens before this turn's reply, \
+                     past its ticket's max_episode_tokens {budget}: no context is left for a reply"
+                )));
+            }
+            sampling.max_new_tokens = sampling.max_new_tokens.min((budget - prompt_tokens) as u32);
         }
         // The temperature the policy server samples at (its default, 1, when
         // unset), recorded with the tokens; a teacher's reply is not sampled.

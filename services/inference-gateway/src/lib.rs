@@ -6,7 +6,8 @@
 //! - [`conversation`] builds each turn's prompt from the recorded tokens;
 //! - [`episode`] keeps the traces in Redis;
 //! - [`handlers`] serves `Chat`, `GetTrace` and `FinishEpisode`;
-//! - [`openai`] serves the same turns as OpenAI-compatible HTTP.
+//! - [`openai`] serves the same turns as OpenAI-compatible HTTP;
+//! - [`tickets`] decides who may act on an episode.
 //!
 //! - [`routing`] keeps each episode on one policy-server replica, with failover;
 //! - [`metrics`] counts turns, tokens, drift, malformed calls, per-replica load
@@ -21,13 +22,14 @@ pub mod handlers;
 pub mod metrics;
 pub mod openai;
 pub mod routing;
+pub mod tickets;
 
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use sleuth_kit::{GrpcService, ServeArgs, TelemetryArgs};
+use sleuth_kit::{AdminTokenArgs, GrpcService, ServeArgs, TelemetryArgs, TicketKeyArgs};
 use sleuth_proto::inference::v1::inference_gateway_server::InferenceGatewayServer;
 use sleuth_store::{RedisArgs, RedisStore};
 use tokio::net::TcpListener;
@@ -83,6 +85,14 @@ pub struct Config {
     #[command(flatten)]
     pub serve: ServeArgs,
 
+    /// Checks the episode tickets the orchestrator issues (see [`tickets`]).
+    #[command(flatten)]
+    pub tickets: TicketKeyArgs,
+
+    /// Opens any episode's turns and trace, ticket or not (an operator's reach).
+    #[command(flatten)]
+    pub admin: AdminTokenArgs,
+
     #[command(flatten)]
     pub telemetry: TelemetryArgs,
 }
@@ -109,6 +119,7 @@ pub async fn run(
         policy,
         runs: redis.clone(),
         on_drift: config.on_drift,
+        tickets: tickets::Tickets::new(config.tickets.key(&config.serve)?, config.admin.token()?),
     });
     let http = TcpListener::bind(config.http_listen).await.map_err(|e| {
         Error::InvalidArgument(format!("cannot listen for HTTP on http_listen {}: {e}", config.http_listen))

@@ -24,6 +24,8 @@ use crate::handlers::Handlers;
 
 /// Header naming the episode on `/v1/chat/completions`.
 pub const EPISODE_HEADER: &str = "x-sleuth-episode-id";
+/// Header carrying the episode's ticket (`ChatRequest.ticket`), on either route.
+pub const TICKET_HEADER: &str = "x-sleuth-episode-ticket";
 
 #[derive(Clone)]
 struct AppState {
@@ -191,15 +193,16 @@ async fn from_header(
             "name the episode with the {EPISODE_HEADER} header or POST to /episodes/{{id}}/v1/chat/completions"
         ))));
     }
-    complete(&state, episode, body.0).await
+    complete(&state, &headers, episode, body.0).await
 }
 
 async fn from_path(
     State(state): State<AppState>,
     Path(episode): Path<String>,
+    headers: HeaderMap,
     body: Json<Value>,
 ) -> Result<Json<Value>, ApiError> {
-    complete(&state, episode, body.0).await
+    complete(&state, &headers, episode, body.0).await
 }
 
 /// The turn a request body asks for, or what is wrong with it (naming the field).
@@ -286,13 +289,21 @@ pub fn chat_request(episode: &str, body: Value) -> Result<ChatRequest, Error> {
         logprobs: request.logprobs,
         run_id: String::new(),
         teacher_reply: String::new(),
+        ticket: String::new(),
     })
 }
 
-async fn complete(state: &AppState, episode: String, body: Value) -> Result<Json<Value>, ApiError> {
-    let chat = chat_request(&episode, body).map_err(ApiError)?;
+async fn complete(
+    state: &AppState,
+    headers: &HeaderMap,
+    episode: String,
+    body: Value,
+) -> Result<Json<Value>, ApiError> {
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let mut chat = chat_request(&episode, body).map_err(ApiError)?;
+    chat.ticket = header(TICKET_HEADER).unwrap_or_default().to_owned();
     let logprobs = chat.logprobs;
-    let response = state.handlers.turn("http", chat).await.map_err(ApiError)?;
+    let response = state.handlers.turn("http", header("authorization"), chat).await.map_err(ApiError)?;
     let message = response.message.unwrap_or_default();
     let tool_calls: Vec<Value> = message
         .tool_calls

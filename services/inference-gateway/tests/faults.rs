@@ -93,7 +93,8 @@ async fn a_replica_whose_scheduler_dies_stops_serving_and_its_episodes_move() ->
     messages.push(second.message.context("message")?);
     messages.push(user("Thanks!"));
     gateway.chat(turn(&episode, &messages)).await?;
-    let trace = gateway.get_trace(pb::GetTraceRequest { episode_id: episode }).await?.into_inner();
+    let trace =
+        gateway.get_trace(pb::GetTraceRequest { episode_id: episode, ..Default::default() }).await?.into_inner();
     ensure!(trace.segments.len() == 6, "three turns of two segments: {}", trace.segments.len());
 
     // Once drained, the dead replica exits with the reason, for its supervisor to restart it.

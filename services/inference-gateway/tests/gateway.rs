@@ -118,7 +118,8 @@ async fn turns_are_recorded_token_for_token_and_survive_a_restart() -> Result<()
     let usage = second.usage.context("usage")?;
     assert!(usage.cached_prompt_tokens > 30, "turn 2 reused the episode's cached prefix: {usage:?}");
 
-    let trace = gateway.get_trace(pb::GetTraceRequest { episode_id: "ep-1".into() }).await?.into_inner();
+    let trace =
+        gateway.get_trace(pb::GetTraceRequest { episode_id: "ep-1".into(), ..Default::default() }).await?.into_inner();
     let kinds: Vec<i32> = trace.segments.iter().map(|s| s.kind).collect();
     let (prompt, policy) = (SegmentKind::Prompt as i32, SegmentKind::Policy as i32);
     assert_eq!(kinds, [prompt, policy, prompt, policy]);
@@ -143,7 +144,10 @@ async fn turns_are_recorded_token_for_token_and_survive_a_restart() -> Result<()
         start!(inference_gateway, gateway_args(&model, &redis_url, &policy_addr, "127.0.0.1:0", &[]));
     serving(&restarted, "sleuth.inference.v1.InferenceGateway").await?;
     let mut gateway = InferenceGatewayClient::new(connect(&restarted, None, Duration::from_secs(5)).await?);
-    let finished = gateway.finish_episode(pb::FinishEpisodeRequest { episode_id: "ep-1".into() }).await?.into_inner();
+    let finished = gateway
+        .finish_episode(pb::FinishEpisodeRequest { episode_id: "ep-1".into(), ..Default::default() })
+        .await?
+        .into_inner();
     assert_eq!(finished, trace);
 
     // An edited history no longer matches what the policy produced: drift is
@@ -154,7 +158,8 @@ async fn turns_are_recorded_token_for_token_and_survive_a_restart() -> Result<()
     edited.push(user("Thanks!"));
     let third = gateway.chat(chat("ep-1", &edited)).await?.into_inner();
     assert!(third.drift);
-    let after = gateway.get_trace(pb::GetTraceRequest { episode_id: "ep-1".into() }).await?.into_inner();
+    let after =
+        gateway.get_trace(pb::GetTraceRequest { episode_id: "ep-1".into(), ..Default::default() }).await?.into_inner();
     assert_eq!(after.drift_events, 1);
     assert!(tokens(&after).starts_with(&all), "recorded tokens are never rewritten");
 
@@ -163,7 +168,8 @@ async fn turns_are_recorded_token_for_token_and_survive_a_restart() -> Result<()
     assert!(status.code() == Code::InvalidArgument && status.message().contains("episode_id"), "{status:?}");
     let status = gateway.chat(chat("ep-1", &messages[..1])).await.unwrap_err();
     assert!(status.code() == Code::InvalidArgument && status.message().contains("never truncated"), "{status:?}");
-    let status = gateway.get_trace(pb::GetTraceRequest { episode_id: "nope".into() }).await.unwrap_err();
+    let status =
+        gateway.get_trace(pb::GetTraceRequest { episode_id: "nope".into(), ..Default::default() }).await.unwrap_err();
     assert_eq!(status.code(), Code::NotFound);
     Ok(())
 }
@@ -254,7 +260,8 @@ async fn the_openai_endpoint_runs_the_same_turns() -> Result<()> {
     let mut grpc = InferenceGatewayClient::new(
         connect(&gateway_addr, Some(&"http-test-token".parse()?), Duration::from_secs(5)).await?,
     );
-    let trace = grpc.get_trace(pb::GetTraceRequest { episode_id: "http-2".into() }).await?.into_inner();
+    let trace =
+        grpc.get_trace(pb::GetTraceRequest { episode_id: "http-2".into(), ..Default::default() }).await?.into_inner();
     assert_eq!(trace.segments.len(), 2);
 
     // Errors come in OpenAI's shape with HTTP codes.
@@ -312,7 +319,8 @@ async fn episodes_stick_to_a_replica_and_fail_over_when_it_dies() -> Result<()> 
     messages.push(user("Thanks!"));
     let third = gateway.chat(chat(&episode, &messages)).await?.into_inner();
     assert_eq!(third.usage.context("usage")?.cached_prompt_tokens, 0, "served by the other replica, without its cache");
-    let trace = gateway.get_trace(pb::GetTraceRequest { episode_id: episode }).await?.into_inner();
+    let trace =
+        gateway.get_trace(pb::GetTraceRequest { episode_id: episode, ..Default::default() }).await?.into_inner();
     assert_eq!(trace.segments.len(), 6, "all three turns recorded");
     Ok(())
 }
@@ -344,7 +352,8 @@ async fn a_runs_turns_wait_for_a_replica_serving_its_version() -> Result<()> {
     publish_version(&stack, "run-w", 1).await?;
     let reply = waiting.await??.into_inner();
     assert_eq!(reply.policy_version, 1);
-    let trace = gateway.get_trace(pb::GetTraceRequest { episode_id: "w-1".into() }).await?.into_inner();
+    let trace =
+        gateway.get_trace(pb::GetTraceRequest { episode_id: "w-1".into(), ..Default::default() }).await?.into_inner();
     let sampled = trace.segments.iter().filter(|s| s.kind == SegmentKind::Policy as i32);
     assert!(sampled.clone().count() == 1 && sampled.clone().all(|s| s.policy_version == 1), "{trace:?}");
     Ok(())
@@ -384,7 +393,10 @@ async fn a_teachers_reply_is_traced_as_the_policys_own_tokens() -> Result<()> {
     let second = gateway.chat(sampled).await?;
     assert!(!second.into_inner().drift, "the policy's turn continues the teacher's tokens");
 
-    let trace = gateway.get_trace(pb::GetTraceRequest { episode_id: "teacher-1".into() }).await?.into_inner();
+    let trace = gateway
+        .get_trace(pb::GetTraceRequest { episode_id: "teacher-1".into(), ..Default::default() })
+        .await?
+        .into_inner();
     let policy: Vec<_> = trace.segments.iter().filter(|s| s.kind == SegmentKind::Policy as i32).collect();
     assert_eq!(policy.len(), 2);
     let tokenizer = tokenizers::Tokenizer::from_file(format!("{}/tokenizer.json", stack.model))
@@ -444,7 +456,8 @@ async fn the_official_openai_client_runs_a_tool_calling_round_trip() -> Result<(
     let mut grpc = InferenceGatewayClient::new(
         connect(&gateway_addr, Some(&"client-token".parse()?), Duration::from_secs(5)).await?,
     );
-    let trace = grpc.get_trace(pb::GetTraceRequest { episode_id: "openai-1".into() }).await?.into_inner();
+    let trace =
+        grpc.get_trace(pb::GetTraceRequest { episode_id: "openai-1".into(), ..Default::default() }).await?.into_inner();
     assert_eq!(trace.drift_events, 0, "{summary}");
     let kinds: Vec<i32> = trace.segments.iter().map(|s| s.kind).collect();
     let (prompt, policy, observation) =
@@ -479,7 +492,8 @@ async fn turns_of_an_episode_are_atomic_and_an_expired_trace_is_refused() -> Res
     }
     assert_eq!(recorded.len(), 1, "exactly one of the concurrent turns is recorded");
     let mut gateway = stack.gateway.clone();
-    let trace = gateway.get_trace(pb::GetTraceRequest { episode_id: "race".into() }).await?.into_inner();
+    let trace =
+        gateway.get_trace(pb::GetTraceRequest { episode_id: "race".into(), ..Default::default() }).await?.into_inner();
     let sampled: Vec<&Vec<u32>> =
         trace.segments.iter().filter(|s| s.kind == SegmentKind::Policy as i32).map(|s| &s.token_ids).collect();
     assert_eq!(sampled, [&recorded[0].token_ids]);
@@ -503,7 +517,7 @@ async fn turns_of_an_episode_are_atomic_and_an_expired_trace_is_refused() -> Res
     // the next turn is refused instead of starting a new trace.
     for _ in 0..4 {
         tokio::time::sleep(Duration::from_secs(5)).await;
-        gateway.get_trace(pb::GetTraceRequest { episode_id: "counted".into() }).await?;
+        gateway.get_trace(pb::GetTraceRequest { episode_id: "counted".into(), ..Default::default() }).await?;
     }
     tokio::time::sleep(Duration::from_secs(17)).await;
     let expired = gateway.chat(counted(2, &messages)).await.expect_err("an expired trace is refused");
@@ -597,7 +611,10 @@ async fn a_five_turn_tool_episode_is_traced_exactly() -> Result<()> {
     }
     assert_eq!(responses[0].finish_reason, "tool_calls", "the worked examples made the policy call the tool");
 
-    let trace = gateway.get_trace(pb::GetTraceRequest { episode_id: "tools-1".into() }).await?.into_inner();
+    let trace = gateway
+        .get_trace(pb::GetTraceRequest { episode_id: "tools-1".into(), ..Default::default() })
+        .await?
+        .into_inner();
     let policy_kind = SegmentKind::Policy as i32;
     assert!(trace.segments.iter().any(|s| s.kind == SegmentKind::Observation as i32), "tool results are observations");
     let sampled: Vec<usize> =
@@ -632,5 +649,76 @@ async fn a_five_turn_tool_episode_is_traced_exactly() -> Result<()> {
     ] {
         assert!(metrics.contains(&series), "{series} missing from:\n{metrics}");
     }
+    Ok(())
+}
+
+/// With a ticket key, an episode started with a ticket is its holder's: a
+/// run's turn and a teacher reply need a ticket (a teacher reply its teacher
+/// grant), the episode's turns and trace need its ticket or the admin
+/// token, a ticket opens no other episode and adopts no trace begun without
+/// one, and the ticket's budget bounds the trace. Episodes of no run stay
+/// open to the mesh token (the OpenAI door's clients).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ticketed_episode_is_its_holders_alone_and_within_its_budget() -> Result<()> {
+    use sleuth_kit::ticket::{Grant, TicketKey};
+    let stack = http_stack(&["--ticket-key", "gateway-ticket-key", "--admin-token", "gateway-admin"]).await?;
+    let key = TicketKey::new("gateway-ticket-key".parse()?);
+    let mut gateway = InferenceGatewayClient::new(connect(&stack.grpc, None, Duration::from_secs(5)).await?);
+    let admin: sleuth_kit::BearerToken = "gateway-admin".parse()?;
+    let mut as_admin = InferenceGatewayClient::new(connect(&stack.grpc, Some(&admin), Duration::from_secs(5)).await?);
+    let messages = vec![user("What is the capital of France?")];
+    let denied = |status: tonic::Status, needle: &str| {
+        assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+        assert!(status.message().contains(needle), "{:?} lacks {needle:?}", status.message());
+    };
+    let turn = |episode: &str, ticket: &str| pb::ChatRequest {
+        run_id: "r".into(),
+        ticket: ticket.into(),
+        ..chat(episode, &messages)
+    };
+    let read = |episode: &str, ticket: &str| pb::GetTraceRequest { episode_id: episode.into(), ticket: ticket.into() };
+
+    denied(gateway.chat(turn("e1", "")).await.unwrap_err(), r#"a turn of run "r" needs episode "e1"'s ticket"#);
+    let e1 = key.issue("e1", Grant::Policy, 4096);
+    let first = gateway.chat(turn("e1", &e1)).await?.into_inner();
+    let prompt = first.usage.context("usage")?.prompt_tokens;
+    denied(gateway.chat(turn("e2", &e1)).await.unwrap_err(), r#"not one issued for episode "e2""#);
+    let door = pb::ChatRequest { run_id: String::new(), ..turn("e1", "") };
+    denied(gateway.chat(door).await.unwrap_err(), "was started with a ticket");
+    denied(gateway.get_trace(read("e1", "")).await.unwrap_err(), "was started with a ticket");
+    let finish = pb::FinishEpisodeRequest { episode_id: "e1".into(), ticket: String::new() };
+    denied(gateway.finish_episode(finish).await.unwrap_err(), "was started with a ticket");
+    let own = gateway.get_trace(read("e1", &e1)).await?.into_inner();
+    assert_eq!(own, as_admin.get_trace(read("e1", "")).await?.into_inner(), "the admin token reads any trace");
+    // The OpenAI door takes the ticket in a header.
+    let body = serde_json::json!({"messages": [{"role": "user", "content": "Thanks."}], "max_tokens": 4});
+    let (path, d1) = ("/episodes/d1/v1/chat/completions", key.issue("d1", Grant::Policy, 4096));
+    let (status, answer) = post(&stack.http, path, &[("x-sleuth-episode-ticket", d1.as_str())], &body).await?;
+    assert_eq!(status, 200, "{answer}");
+    let (status, answer) = post(&stack.http, path, &[], &body).await?;
+    assert_eq!(status, 403, "{answer}");
+
+    let teach =
+        |episode: &str, ticket: &str| pb::ChatRequest { teacher_reply: "Paris.".into(), ..turn(episode, ticket) };
+    denied(gateway.chat(teach("t1", &key.issue("t1", Grant::Policy, 4096))).await.unwrap_err(), "teacher grant");
+    gateway.chat(teach("t1", &key.issue("t1", Grant::Teacher, 4096))).await?;
+
+    // The mesh token alone keeps episodes of no run; a ticket cannot take one over.
+    let free = pb::ChatRequest { run_id: String::new(), ..turn("free", "") };
+    gateway.chat(free).await?;
+    gateway.get_trace(read("free", "")).await?;
+    denied(gateway.chat(turn("free", &key.issue("free", Grant::Policy, 4096))).await.unwrap_err(), "without a ticket");
+
+    // A budget of five tokens past the prompt: the reply is cut there, and no turn follows.
+    let tight = key.issue("tight", Grant::Policy, prompt + 5);
+    let cut = gateway.chat(turn("tight", &tight)).await?.into_inner();
+    assert_eq!((cut.finish_reason.as_str(), cut.usage.context("usage")?.completion_tokens), ("length", 5));
+    let mut longer = messages.clone();
+    longer.push(cut.message.context("message")?);
+    longer.push(user("And of Spain?"));
+    let over = pb::ChatRequest { messages: longer, ..turn("tight", &tight) };
+    let status = gateway.chat(over).await.unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(status.message().contains(&format!("past its ticket's max_episode_tokens {}", prompt + 5)), "{status:?}");
     Ok(())
 }

@@ -260,7 +260,7 @@ async fn main() -> anyhow::Result<()> {
         std::fs::read_dir(&reports)?.count(),
         started.elapsed().as_secs_f64()
     );
-    let workers = Workers::new(&[], None, Duration::from_secs(1))?;
+    let workers = Workers::new(&[], None, Duration::from_secs(1), None)?;
     let evaluator = Evaluator {
         tools: None,
         workers: workers.clone(),

@@ -302,6 +302,8 @@ impl Evaluator {
                 sample_index: sample,
                 task: Some(task.clone()),
                 config: request.agent.clone(),
+                // Issued per attempt (see `workers::Workers::run_episode`).
+                ticket: String::new(),
             };
             let attempt = |i: usize| format!("{id}-{}-{sample}-{i}", task.task_id);
             // The policy's failures count (0 nDCG, by outcome); the

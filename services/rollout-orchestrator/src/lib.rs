@@ -103,6 +103,10 @@ pub struct Config {
     #[command(flatten)]
     pub serve: ServeArgs,
 
+    /// Signs each episode's ticket at the inference gateway (see [`sleuth_kit::ticket`]).
+    #[command(flatten)]
+    pub tickets: sleuth_kit::TicketKeyArgs,
+
     #[command(flatten)]
     pub telemetry: TelemetryArgs,
 }
@@ -338,7 +342,12 @@ pub async fn run(
     redis.warn_unless_durable();
     let token = config.serve.bearer_token()?;
     let state = state::State::open(database.clone()).await?;
-    let workers = workers::Workers::new(&config.agent_workers, token.as_ref(), config.fault_patience)?;
+    let workers = workers::Workers::new(
+        &config.agent_workers,
+        token.as_ref(),
+        config.fault_patience,
+        config.tickets.key(&config.serve)?,
+    )?;
     workers.follow(sleuth_discovery::discover("agent_workers", &config.agent_workers).await?);
     let tools = match &config.tool_gateway {
         Some(address) => {

@@ -331,6 +331,8 @@ impl Runner {
                     sample_index: sample,
                     task: Some(task.clone()),
                     config: episode_config(spec, &group_id, sample),
+                    // Issued per attempt (see `workers::Workers::run_episode`).
+                    ticket: String::new(),
                 };
                 let result = tokio::select! {
                     result = self.episode(run_id, &group_id, sample, request) => result,

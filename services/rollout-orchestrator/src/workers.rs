@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use sleuth_discovery::Members;
 use sleuth_kit::client::MeshChannel;
+use sleuth_kit::ticket::TicketKey;
 use sleuth_proto::agent::v1::agent_client::AgentClient;
 use sleuth_proto::agent::v1::{RunEpisodeRequest, RunEpisodeResponse};
 use sleuth_proto::common::v1::{Episode, EpisodeOutcome};
@@ -55,6 +56,8 @@ pub struct Workers {
     workers: Members<Worker>,
     /// How long an episode keeps looking for a live worker before it fails.
     patience: Duration,
+    /// Signs each attempt's ticket at the inference gateway (None: `--insecure`, no tickets).
+    tickets: Option<TicketKey>,
 }
 
 /// Why an episode could not run on any worker.
@@ -73,6 +76,7 @@ impl Workers {
         addresses: &[String],
         token: Option<&sleuth_kit::BearerToken>,
         patience: Duration,
+        tickets: Option<TicketKey>,
     ) -> Result<Self, sleuth_kit::KitError> {
         let token = token.cloned();
         let workers = Members::new("agent worker", move |address| {
@@ -86,7 +90,7 @@ impl Workers {
                 failed_at: Mutex::new(None),
             })
         });
-        Ok(Self { workers: workers.with_fixed(addresses)?, patience })
+        Ok(Self { workers: workers.with_fixed(addresses)?, patience, tickets })
     }
 
     /// Keeps the workers up to date with `changes` (see [`Members::follow`]):
@@ -127,6 +131,8 @@ impl Workers {
         for (attempt, worker) in self.order().into_iter().enumerate() {
             let mut request = tonic::Request::new(request.clone());
             request.get_mut().episode_id = attempt_id(attempt);
+            request.get_mut().ticket =
+                self.tickets.as_ref().map(|key| agent::ticket::issue(key, request.get_ref())).unwrap_or_default();
             request.set_timeout(deadline);
             worker.in_flight.fetch_add(1, Ordering::Relaxed);
             // The worker enforces the deadline it is sent; the caller too, for a worker that hangs whole.

@@ -24,7 +24,7 @@ use tower::ServiceExt;
 async fn dashboard(dir: &std::path::Path) -> Result<(Dashboard, State)> {
     let database = Database::open(&format!("sqlite://{}", dir.join("runs.db").display()))?;
     let state = State::open(database.clone()).await?;
-    let workers = Workers::new(&[], None, Duration::from_secs(1))?;
+    let workers = Workers::new(&[], None, Duration::from_secs(1), None)?;
     let report_dir = dir.join("evaluations");
     let evaluator = Evaluator {
         tools: None,
