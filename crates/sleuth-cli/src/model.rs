@@ -106,7 +106,8 @@ async fn fetch(args: FetchArgs) -> anyhow::Result<()> {
         fetch_gguf(&source, &s3, &partial, dtype.into()).await
     } else {
         std::fs::create_dir(&partial).with_context(|| format!("creating {}", partial.display()))?;
-        sleuth_store::object::fetch_model_dir(&source, &s3, &partial).await.map_err(anyhow::Error::from)
+        // Unbounded: the operator names the model to fetch.
+        sleuth_store::object::fetch_model_dir(&source, &s3, &partial, None).await.map_err(anyhow::Error::from)
     };
     let checked = fetched.and_then(|()| check_model_dir(&partial));
     if let Err(error) = checked {

@@ -50,6 +50,9 @@ pub enum StoreError {
     ObjectNotFound { store: String, key: String },
     #[error("object store {store}: {message}")]
     Object { store: String, message: String },
+    /// An object larger than its reader allows (see `ObjectStore::download`).
+    #[error("object {key:?} in {store} is larger than the {limit} bytes allowed for it")]
+    TooLarge { store: String, key: String, limit: u64 },
     /// A caller named a local path outside the directories it may use.
     #[error("{uri:?} {message}: a request may only name local paths inside {setting}")]
     Outside { uri: String, setting: &'static str, message: String },
@@ -65,7 +68,7 @@ impl sleuth_kit::ServiceError for StoreError {
     fn kind(&self) -> sleuth_kit::ErrorKind {
         use sleuth_kit::ErrorKind;
         match self {
-            StoreError::InvalidUrl { .. } => ErrorKind::InvalidArgument,
+            StoreError::InvalidUrl { .. } | StoreError::TooLarge { .. } => ErrorKind::InvalidArgument,
             StoreError::ObjectNotFound { .. } => ErrorKind::NotFound,
             StoreError::Redis { .. } | StoreError::Sql { .. } | StoreError::Object { .. } => ErrorKind::Unavailable,
             StoreError::Outside { .. } => ErrorKind::PermissionDenied,

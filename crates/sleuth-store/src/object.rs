@@ -16,6 +16,9 @@ use futures::FutureExt;
 
 use crate::StoreError;
 
+mod fetch;
+pub use fetch::fetch_model_dir;
+
 /// The SDK's default credential chain, built on the first request: building
 /// it reads profile files (async), while opening a store stays synchronous
 /// and contacts nothing. The client caches what the chain returns and asks
@@ -191,7 +194,8 @@ impl ObjectStore {
                     store: self.uri(),
                     message: format!("reading {key:?}: {error}"),
                 })?;
-                Ok(body.into_bytes().to_vec())
+                // No copy: the collected buffer becomes the Vec.
+                Ok(Vec::from(body.into_bytes()))
             }
         }
     }
@@ -338,29 +342,6 @@ fn check_key(key: &str) -> Result<(), StoreError> {
             message: "must be a relative path without '..' or empty segments".to_owned(),
         })
     }
-}
-
-/// Copies the top-level files of the HF model directory at `uri`
-/// (`s3://bucket/prefix` or a local path: weights, config, tokenizer) into
-/// `dir`, so it loads like a local one. A store without `.safetensors`
-/// files is an error naming it.
-pub async fn fetch_model_dir(uri: &str, s3: &S3Args, dir: &Path) -> Result<(), StoreError> {
-    let store = ObjectStore::open(uri, s3)?;
-    let keys = store.list("").await?;
-    let files: Vec<&String> = keys.iter().filter(|k| !k.contains('/')).collect();
-    if !files.iter().any(|k| k.ends_with(".safetensors")) {
-        return Err(StoreError::Object { store: store.uri(), message: "holds no .safetensors files".to_owned() });
-    }
-    for key in files {
-        // Keys are data: only plain file names land in `dir` (never `..`).
-        check_key(key)?;
-        let bytes = store.get(key).await?;
-        tokio::fs::write(dir.join(key), bytes).await.map_err(|error| StoreError::Object {
-            store: dir.display().to_string(),
-            message: format!("writing {key}: {error}"),
-        })?;
-    }
-    Ok(())
 }
 
 fn list_local(root: &Path, prefix: &str) -> std::io::Result<Vec<String>> {

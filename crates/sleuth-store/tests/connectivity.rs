@@ -128,6 +128,19 @@ async fn exercise_object_store(store: &ObjectStore) -> Result<()> {
     assert_eq!(store.get("index/vectors.bin").await?.len(), 300_000);
     assert_eq!(store.list("index/").await?, ["index/bm25/meta.json", "index/vectors.bin"]);
     assert_eq!(store.list("").await?.len(), 3);
+    // Downloads stream to a file, within the reader's limit or not at all.
+    let scratch = tempfile::tempdir()?;
+    let dest = scratch.path().join("vectors.bin");
+    assert_eq!(store.download("index/vectors.bin", &dest, Some(300_000)).await?, 300_000);
+    assert_eq!(std::fs::read(&dest)?, vec![7u8; 300_000]);
+    let refused = store.download("index/vectors.bin", &scratch.path().join("big"), Some(299_999)).await.unwrap_err();
+    assert!(matches!(refused, StoreError::TooLarge { limit: 299_999, .. }), "{refused}");
+    assert!(refused.to_string().contains("larger than the 299999 bytes"), "{refused}");
+    assert_eq!(std::fs::read_dir(scratch.path())?.count(), 1, "a refused download leaves no file");
+    assert!(matches!(
+        store.download("index/nothing", &scratch.path().join("n"), None).await,
+        Err(StoreError::ObjectNotFound { .. })
+    ));
     store.delete("index/vectors.bin").await?;
     store.delete("index/vectors.bin").await?;
     assert!(matches!(store.get("index/vectors.bin").await, Err(StoreError::ObjectNotFound { .. })));

@@ -149,7 +149,8 @@ async fn start_model_dir(
     }
     let scratch = tempfile::tempdir().map_err(|e| Error::Train(format!("scratch directory: {e}")))?;
     tracing::info!(uri, "fetching the run's start model");
-    sleuth_store::object::fetch_model_dir(uri, s3, scratch.path()).await.map_err(|e| invalid(e.to_string()))?;
+    // Unbounded: the run's spec, which only the admin scope creates, names it.
+    sleuth_store::object::fetch_model_dir(uri, s3, scratch.path(), None).await.map_err(|e| invalid(e.to_string()))?;
     Ok((scratch.path().to_owned(), Some(scratch)))
 }
 

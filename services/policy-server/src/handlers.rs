@@ -166,7 +166,10 @@ impl PolicyServer for Handlers {
         let weights = if !header.checkpoint_uri.is_empty() {
             if header.checkpoint_uri.starts_with("s3://") {
                 let scratch = tempfile::tempdir().map_err(|e| Error::Internal(e.to_string()))?;
-                sleuth_store::object::fetch_model_dir(&header.checkpoint_uri, &self.s3, scratch.path())
+                // A checkpoint of the served model holds its parameters in f32 at
+                // most, beside a tokenizer and configuration far below 64 MiB.
+                let limit = engine.facts().await?.num_parameters * 4 + (64 << 20);
+                sleuth_store::object::fetch_model_dir(&header.checkpoint_uri, &self.s3, scratch.path(), Some(limit))
                     .await
                     .map_err(|e| Error::InvalidArgument(format!("checkpoint_uri {:?}: {e}", header.checkpoint_uri)))?;
                 let path = scratch.path().to_owned();
