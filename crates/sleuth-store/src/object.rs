@@ -182,14 +182,7 @@ impl ObjectStore {
                 Err(source) => Err(self.io(source)),
             },
             Self::S3 { client, bucket, .. } => {
-                let response =
-                    client.get_object().bucket(bucket).key(self.s3_key(key)).send().await.map_err(|error| {
-                        if error.as_service_error().is_some_and(|e| e.is_no_such_key()) {
-                            self.not_found(key)
-                        } else {
-                            self.s3_error("get", key, error)
-                        }
-                    })?;
+                let response = self.s3_get(client, bucket, key).await?;
                 let body = response.body.collect().await.map_err(|error| StoreError::Object {
                     store: self.uri(),
                     message: format!("reading {key:?}: {error}"),
@@ -295,6 +288,22 @@ impl ObjectStore {
         sleuth_kit::health::probe_fn("object-store", move || {
             let store = store.clone();
             async move { store.check().await.map_err(|error| error.to_string()) }.boxed()
+        })
+    }
+
+    /// S3's answer to reading `key` (its body not read yet).
+    async fn s3_get(
+        &self,
+        client: &aws_sdk_s3::Client,
+        bucket: &str,
+        key: &str,
+    ) -> Result<aws_sdk_s3::operation::get_object::GetObjectOutput, StoreError> {
+        client.get_object().bucket(bucket).key(self.s3_key(key)).send().await.map_err(|error| {
+            if error.as_service_error().is_some_and(|e| e.is_no_such_key()) {
+                self.not_found(key)
+            } else {
+                self.s3_error("get", key, error)
+            }
         })
     }
 

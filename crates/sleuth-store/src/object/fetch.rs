@@ -36,14 +36,7 @@ impl ObjectStore {
                 tokio::fs::copy(&source, &partial).await.map_err(|e| self.io(e))
             }
             Self::S3 { client, bucket, .. } => {
-                let response =
-                    client.get_object().bucket(bucket).key(self.s3_key(key)).send().await.map_err(|error| {
-                        if error.as_service_error().is_some_and(|e| e.is_no_such_key()) {
-                            self.not_found(key)
-                        } else {
-                            self.s3_error("get", key, error)
-                        }
-                    })?;
+                let response = self.s3_get(client, bucket, key).await?;
                 // Refused before a byte is read when the server says how large it is.
                 if let Some(limit) = limit.filter(|&limit| response.content_length().is_some_and(|n| n as u64 > limit))
                 {
