@@ -588,3 +588,52 @@ fn impossible_values_are_refused_and_extras_reach_the_container() -> Result<()> 
     );
     Ok(())
 }
+
+/// With `tls.enabled` every pod mounts the certificate Secret, is told where
+/// it is, and is probed by its own client (kubelet's gRPC probe cannot speak
+/// TLS); the probe's command is one the `sleuth` binary accepts.
+#[test]
+fn mutual_tls_mounts_the_certificates_and_probes_through_the_pods_own_client() -> Result<()> {
+    let error = helm_template(&["tls.enabled=true"]).err().context("tls without a Secret was accepted")?;
+    assert!(error.to_string().contains("tls.secretName"), "{error}");
+    let manifests = helm_template(&["tls.enabled=true", "tls.secretName=mesh-tls"])?;
+    validate(&manifests)?;
+    let docs = documents(&manifests);
+    for (binary, env, probe) in deployments(&manifests) {
+        let help = String::from_utf8(Command::new(sleuth_tests::binary(&binary)?).arg("--help").output()?.stdout)?;
+        for name in ["SLEUTH_TLS_CERT", "SLEUTH_TLS_KEY", "SLEUTH_TLS_CA", "SLEUTH_TLS_SERVER_NAME"] {
+            assert!(env.iter().any(|e| e == name), "{binary} lacks {name}");
+            assert!(help.contains(&format!("env: {name}")), "{binary} does not read {name}");
+        }
+        assert_eq!(probe, None, "{binary} keeps kubelet's gRPC probe, which cannot speak TLS");
+        let kind = if binary == "learner" { "StatefulSet" } else { "Deployment" };
+        let doc = document(&docs, kind, &format!("ci-release-{binary}"))?;
+        for line in ["secretName: mesh-tls", "mountPath: /etc/sleuth/tls", "value: \"sleuth-mesh\""] {
+            assert!(has_line(doc, line), "{binary}: {line:?} missing");
+        }
+        // The probe's own command, run here against a port nobody serves:
+        // it must parse (exit 1, not sleuth's usage error 2) and check only this service.
+        let command = doc
+            .lines()
+            .skip_while(|l| !l.contains("readinessProbe:"))
+            .find_map(|l| l.trim().strip_prefix("command: ["))
+            .context("an exec probe")?;
+        let mut args: Vec<String> = doc[doc.find(command).unwrap_or(0)..]
+            .split(']')
+            .next()
+            .unwrap_or_default()
+            .split(',')
+            .map(|a| a.trim().trim_matches('"').to_owned())
+            .filter(|a| !a.is_empty())
+            .collect();
+        assert_eq!(args.remove(0), "/usr/local/bin/sleuth", "{command}");
+        let port = args.last().cloned().unwrap_or_default();
+        *args.last_mut().context("the probe's address")? = "127.0.0.1:9".to_owned();
+        assert!(port.starts_with("127.0.0.1:"), "{binary} probes {port}");
+        let output = Command::new(sleuth_tests::binary("sleuth")?).args(&args).output()?;
+        let table = String::from_utf8_lossy(&output.stdout);
+        assert_eq!(output.status.code(), Some(1), "{args:?}: {}{table}", String::from_utf8_lossy(&output.stderr));
+        assert_eq!(table.lines().filter(|l| l.contains("127.0.0.1:9")).count(), 1, "{table}");
+    }
+    Ok(())
+}

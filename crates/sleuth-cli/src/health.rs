@@ -38,6 +38,10 @@ pub struct HealthArgs {
     /// mesh whose learner starts with its run.
     #[arg(long, value_parser = ["rollout-orchestrator", "agent", "tool-gateway", "inference-gateway", "policy-server", "learner"])]
     skip: Vec<String>,
+    /// The only service to check, by name (repeatable): a pod's readiness
+    /// probe where kubelet's own gRPC probe cannot speak the mesh's TLS.
+    #[arg(long, conflicts_with = "skip", value_parser = ["rollout-orchestrator", "agent", "tool-gateway", "inference-gateway", "policy-server", "learner"])]
+    only: Vec<String>,
 }
 
 /// One row of the table.
@@ -64,7 +68,10 @@ pub async fn run(args: HealthArgs) -> anyhow::Result<bool> {
         ("policy-server", &args.policy_server, policy::v1::policy_server_server::SERVICE_NAME),
         ("learner", &args.learner, learner::v1::learner_server::SERVICE_NAME),
     ];
-    let targets: Vec<_> = targets.into_iter().filter(|(service, ..)| !args.skip.iter().any(|s| s == service)).collect();
+    let checked = |service: &str| {
+        !args.skip.iter().any(|s| s == service) && (args.only.is_empty() || args.only.iter().any(|s| s == service))
+    };
+    let targets: Vec<_> = targets.into_iter().filter(|(service, ..)| checked(service)).collect();
     let deadline = args.wait.map(|wait| Instant::now() + wait);
     loop {
         let checks = futures::future::join_all(

@@ -19,6 +19,10 @@ use clap::{Parser, Subcommand};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+
+    /// Mutual TLS to a mesh that requires it (the same settings as its services').
+    #[command(flatten)]
+    tls: sleuth_kit::tls::TlsArgs,
 }
 
 #[derive(Subcommand, Debug)]
@@ -46,6 +50,7 @@ enum Command {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    sleuth_kit::tls::install(&cli.tls)?;
     let code = match cli.command {
         Command::Health(args) => i32::from(!health::run(args).await?),
         Command::Search(args) => search::run(args).await.map(|()| 0)?,

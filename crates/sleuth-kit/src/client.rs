@@ -17,18 +17,28 @@ pub type MeshChannel = InterceptedService<Channel, BearerInterceptor>;
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(20);
 const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Parses `endpoint` ("host:port" or "http://host:port") into a tonic endpoint.
+/// Parses `endpoint` ("host:port" or "http://host:port") into a tonic
+/// endpoint; over mutual TLS when the process installed TLS settings
+/// ([`crate::tls::install`]), whatever scheme the address names.
 pub fn endpoint(endpoint: &str, connect_timeout: Duration) -> Result<Endpoint, KitError> {
-    let uri = if endpoint.contains("://") { endpoint.to_owned() } else { format!("http://{endpoint}") };
-    Endpoint::from_shared(uri)
-        .map(|e| {
-            e.connect_timeout(connect_timeout)
-                .tcp_nodelay(true)
-                .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
-                .keep_alive_timeout(KEEPALIVE_TIMEOUT)
-                .keep_alive_while_idle(true)
-        })
-        .map_err(|error| KitError::Config { field: "endpoint", message: format!("{endpoint:?}: {error}") })
+    let invalid = |error: &dyn std::fmt::Display| KitError::Config {
+        field: "endpoint",
+        message: format!("{endpoint:?}: {error}"),
+    };
+    let tls = crate::tls::installed();
+    let authority = endpoint.split_once("://").map_or(endpoint, |(_, rest)| rest);
+    let uri = if tls.is_some() { format!("https://{authority}") } else { format!("http://{authority}") };
+    let configured = Endpoint::from_shared(uri).map_err(|error| invalid(&error))?;
+    let configured = match tls {
+        Some(tls) => configured.tls_config(tls.grpc_client()).map_err(|error| invalid(&error))?,
+        None => configured,
+    };
+    Ok(configured
+        .connect_timeout(connect_timeout)
+        .tcp_nodelay(true)
+        .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+        .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+        .keep_alive_while_idle(true))
 }
 
 /// `channel` sending the mesh's bearer token on every call.

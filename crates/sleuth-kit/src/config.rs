@@ -46,6 +46,10 @@ pub struct ServeArgs {
     /// authentication never turns itself off.
     #[arg(long, env = "SLEUTH_INSECURE")]
     pub insecure: bool,
+
+    /// Mutual TLS on this service's listeners and its calls to the mesh.
+    #[command(flatten)]
+    pub tls: crate::tls::TlsArgs,
 }
 
 impl ServeArgs {
@@ -195,6 +199,7 @@ impl Default for ServeArgs {
             request_timeout: Duration::from_secs(120),
             max_concurrent_requests: 1024,
             insecure: false,
+            tls: crate::tls::TlsArgs::default(),
         }
     }
 }

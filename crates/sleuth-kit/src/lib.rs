@@ -22,6 +22,7 @@ pub mod shutdown;
 pub mod stack;
 pub mod telemetry;
 pub mod ticket;
+pub mod tls;
 pub mod trace_context;
 
 pub use auth::BearerToken;

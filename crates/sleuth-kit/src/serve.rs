@@ -109,7 +109,9 @@ pub async fn serve(
     let routes = Routes::from(guarded).add_service(health_server);
     let routes = Routes::from(routes.into_axum_router().route("/metrics", axum::routing::get(crate::metrics::scrape)));
 
-    tracing::info!(service = name, addr = %local_addr, auth = token.is_some(), "listening");
+    crate::tls::install(&args.tls)?;
+    let tls = crate::tls::installed();
+    tracing::info!(service = name, addr = %local_addr, auth = token.is_some(), tls = tls.is_some(), "listening");
 
     let (drain_started, drain_signal) = tokio::sync::oneshot::channel();
     let stop_reporter = reporter.clone();
@@ -121,7 +123,11 @@ pub async fn serve(
         tracing::info!(service = name, "draining in-flight requests");
         let _ = drain_started.send(());
     };
-    let server = Server::builder()
+    let mut builder = Server::builder();
+    if let Some(tls) = tls {
+        builder = builder.tls_config(tls.grpc_server())?;
+    }
+    let server = builder
         // Prometheus scrapes /metrics over HTTP/1.1; gRPC stays HTTP/2.
         .accept_http1(true)
         .timeout(args.request_timeout)

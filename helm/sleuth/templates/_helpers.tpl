@@ -68,6 +68,9 @@ persistentVolumeClaim:
 {{- fail (printf "components.learner.replicas %d without database.existingSecret: ranks on several nodes cannot share a SQLite file; use PostgreSQL or persistence.learnerExistingClaim (ReadWriteMany)" (int $learner.replicas)) -}}
 {{- end -}}
 {{- end -}}
+{{- if and $v.tls.enabled (not $v.tls.secretName) -}}
+{{- fail "tls.enabled needs tls.secretName: a Secret with tls.crt, tls.key and ca.crt (a cert-manager Certificate's)" -}}
+{{- end -}}
 {{- if and $v.trial.redis.enabled $v.redis.existingSecret -}}
 {{- fail "trial.redis.enabled and redis.existingSecret: the trial Redis runs in the release; choose one" -}}
 {{- end -}}

@@ -144,6 +144,8 @@ pub async fn run(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
+    // Before any client is made: every mesh call of this process uses it.
+    sleuth_kit::tls::install(&config.serve.tls)?;
     config.serve.request_timeout = config.serve.request_timeout.max(config.episode_timeout);
     let token = config.serve.bearer_token()?;
     // Both gateways are stateless per call: each call may go to any replica.

@@ -103,6 +103,8 @@ pub async fn run(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
+    // Before any client is made: every mesh call of this process uses it.
+    sleuth_kit::tls::install(&config.serve.tls)?;
     let token = config.serve.bearer_token()?;
     let redis = RedisStore::from_args(&config.redis)?;
     redis.warn_unless_durable();
@@ -131,7 +133,7 @@ pub async fn run(
     // One shutdown signal for both front doors.
     let shutdown = sleuth_kit::shutdown::Shared::new(shutdown);
     let router = openai::router(handlers.clone(), token.clone(), &config.serve);
-    let http_server = axum::serve(http, router).with_graceful_shutdown(shutdown.wait());
+    let http_server = sleuth_kit::tls::serve_http(http, router, shutdown.wait());
     tokio::spawn(async move {
         if let Err(error) = http_server.await {
             tracing::error!(%error, "http server failed");

@@ -161,6 +161,8 @@ pub async fn run(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
+    // Before any client is made: every mesh call of this process uses it.
+    sleuth_kit::tls::install(&config.serve.tls)?;
     sleuth_kit::names::check_name("run_id", &config.run_id)?;
     let redis = RedisStore::from_args(&config.redis)?;
     redis.warn_unless_durable();

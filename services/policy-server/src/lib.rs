@@ -115,6 +115,8 @@ pub async fn run(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
+    // Before any client is made: every mesh call of this process uses it.
+    sleuth_kit::tls::install(&config.serve.tls)?;
     let device = config.model.device.resolve()?;
     let dir = model_dir(&config)?;
     let dtype = config.model.compute_dtype(device);

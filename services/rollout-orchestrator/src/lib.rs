@@ -337,6 +337,8 @@ pub async fn run(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
+    // Before any client is made: every mesh call of this process uses it.
+    sleuth_kit::tls::install(&config.serve.tls)?;
     let database = Database::open(&config.database.database_url)?;
     let redis = RedisStore::from_args(&config.redis)?;
     redis.warn_unless_durable();
@@ -380,7 +382,7 @@ pub async fn run(
     config.serve.token_for(pages_addr)?;
     let dashboard =
         dashboard::Dashboard::new(runner.clone(), database.clone(), config.report_dir.clone(), config.model);
-    let dashboard = axum::serve(pages, dashboard.router(token.clone())).with_graceful_shutdown(shutdown.wait());
+    let dashboard = sleuth_kit::tls::serve_http(pages, dashboard.router(token.clone()), shutdown.wait());
     tracing::info!(addr = %pages_addr, "dashboard listening");
     tokio::spawn(async move {
         if let Err(error) = dashboard.await {

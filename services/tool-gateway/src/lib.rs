@@ -112,6 +112,8 @@ pub async fn run(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
+    // Before any client is made: every mesh call of this process uses it.
+    sleuth_kit::tls::install(&config.serve.tls)?;
     let collections = Collections::default();
     let startup = Arc::new(OnceLock::new());
     tokio::spawn(load_startup_collections(config.clone(), collections.clone(), startup.clone()));

@@ -4,8 +4,8 @@
 //! cookie holds when it was issued and an HMAC of that keyed by the token,
 //! not the token: it opens these read-only pages and nothing else, expires
 //! by itself, and rotating the mesh token ends every session. `/logout`
-//! drops it from the browser. Behind a TLS-terminating proxy (an Ingress
-//! that says `X-Forwarded-Proto: https`) the cookie is `Secure`.
+//! drops it from the browser. Over HTTPS (the dashboard's own TLS, or a
+//! TLS-terminating proxy that says `X-Forwarded-Proto: https`) the cookie is `Secure`.
 
 use axum::extract::{Form, Query, Request, State};
 use axum::http::{StatusCode, header};
@@ -75,9 +75,10 @@ fn now() -> u64 {
 }
 
 /// The cookie's attributes: `Secure` when the browser reached the dashboard
-/// over HTTPS (through a proxy that terminated TLS and said so).
+/// over HTTPS: the dashboard's own TLS, or a proxy that terminated TLS and said so.
 fn attributes(headers: &axum::http::HeaderMap, max_age: u64) -> String {
-    let https = headers.get("x-forwarded-proto").and_then(|v| v.to_str().ok()).is_some_and(|p| p == "https");
+    let https = sleuth_kit::tls::installed().is_some()
+        || headers.get("x-forwarded-proto").and_then(|v| v.to_str().ok()).is_some_and(|p| p == "https");
     format!("Path=/; HttpOnly; SameSite=Strict; Max-Age={max_age}{}", if https { "; Secure" } else { "" })
 }
 
