@@ -4,7 +4,7 @@
 #   make train SOURCE=DIR COLLECTION=NAME   the same recipe on any BEIR collection
 #   make tour   start the whole mesh locally, show it healthy, stop it
 #   make test   build and run every test (real Redis, PostgreSQL, S3, libtorch)
-#   make lint   rustfmt check + clippy with warnings as errors
+#   make lint   rustfmt check, clippy with warnings as errors, cargo deny
 #   make stress the fault, restart and resume tests 20 times, idle and loaded
 #   make image  build the container images (Docker, or buildah without a daemon)
 #
@@ -60,9 +60,12 @@ stress: test-fixtures
 image:
 	@deploy/image/build.sh
 
+# cargo deny: licenses, banned crates and sources (deny.toml; its advisories
+# check needs the RustSec database, which these machines cannot fetch).
 lint: setup
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
+	cargo deny check licenses bans sources
 
 demo: build
 	@deploy/local/demo.sh
