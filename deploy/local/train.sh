@@ -268,8 +268,10 @@ training: {advantage: grpo, loss: ppo, learning_rate: $2, kl_coef: $3, checkpoin
 }
 
 # The validation score of run $1's best version (the line `run report` marks).
+# The report's chart goes to the work folder, like the one above, never into
+# the folder the recipe was started from.
 best_validation() {
-  "$bin/sleuth" run report "$1" | awk '/ \*$/ {print $6}'
+  "$bin/sleuth" run report "$1" --png "$work/$1.png" | awk '/ \*$/ {print $6}'
 }
 
 sft_score="$(best_validation sft)"
