@@ -5,6 +5,7 @@
 #   make tour   start the whole mesh locally, show it healthy, stop it
 #   make test   build and run every test (real Redis, PostgreSQL, S3, libtorch)
 #   make lint   rustfmt check, clippy with warnings as errors, cargo deny
+#   make audit  cargo deny's advisories check against the RustSec database
 #   make stress the fault, restart and resume tests 20 times, idle and loaded
 #   make image  build the container images (Docker, or buildah without a daemon)
 #
@@ -27,7 +28,7 @@ export PATH := $(VENV)/bin:$(SLEUTH_CACHE)/bin:$(PATH)
 TORCH_LIB = $(shell ls -d $(VENV)/lib/python3*/site-packages/torch/lib 2>/dev/null | head -n 1)
 export RUSTFLAGS = -C link-arg=-Wl,-rpath,$(TORCH_LIB)
 
-.PHONY: setup build test-fixtures test stress lint demo train tour bench gpu-check proto env clean-cache image
+.PHONY: setup build test-fixtures test stress lint audit demo train tour bench gpu-check proto env clean-cache image
 
 setup:
 	@deploy/local/setup.sh
@@ -60,12 +61,17 @@ stress: test-fixtures
 image:
 	@deploy/image/build.sh
 
-# cargo deny: licenses, banned crates and sources (deny.toml; its advisories
-# check needs the RustSec database, which these machines cannot fetch).
+# cargo deny: licenses, banned crates and sources (deny.toml).
 lint: setup
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo deny check licenses bans sources
+
+# cargo deny's advisories: RustSec's database from GitHub, or a local clone
+# of it where GitHub is out of reach (ADVISORY_DB=DIR). Apart from `lint`,
+# whose verdict must not depend on a network.
+audit: setup
+	@deploy/local/audit.sh
 
 demo: build
 	@deploy/local/demo.sh
