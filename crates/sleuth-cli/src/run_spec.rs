@@ -96,7 +96,8 @@ struct Agent {
     tools: Vec<String>,
     #[serde(default)]
     system_prompt: String,
-    /// A scripted teacher instead of the policy (SFT data): bm25:<hops>, vector:<hops>, mixture.
+    /// A teacher instead of the policy (SFT data): bm25:<hops>, vector:<hops>, mixture, or
+    /// model:<name> (a model at the agent workers' SLEUTH_TEACHER_URL).
     #[serde(default)]
     teacher: String,
     /// A search tool the agent runs on the question before the first turn.

@@ -103,8 +103,8 @@ pub struct EvalArgs {
     /// Episodes per task (pass@k uses k = this).
     #[arg(long, default_value_t = 1)]
     samples: u32,
-    /// With `--contender policy`: a scripted teacher replies instead of the
-    /// policy (`bm25:<hops>`, `vector:<hops>` or `mixture`), to score it.
+    /// With `--contender policy`: a teacher replies instead of the
+    /// policy (`bm25:<hops>`, `vector:<hops>`, `mixture` or `model:<name>`), to score it.
     #[arg(long, default_value = "")]
     teacher: String,
     /// With `--contender policy`: the agent settings (budget, prompt, tools)

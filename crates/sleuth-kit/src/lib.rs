@@ -7,6 +7,7 @@
 //! graceful shutdown.
 
 pub mod auth;
+pub mod chat_endpoint;
 pub mod client;
 pub mod config;
 pub mod error;

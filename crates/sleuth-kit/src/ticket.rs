@@ -23,7 +23,7 @@ use crate::BearerToken;
 pub enum Grant {
     /// Have the policy take turns, and read and finish the trace.
     Policy,
-    /// Also record a scripted teacher's replies as the policy's tokens
+    /// Also record a teacher's replies as the policy's tokens
     /// (`ChatRequest.teacher_reply`): trajectory SFT data.
     Teacher,
 }

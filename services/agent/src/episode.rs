@@ -18,6 +18,7 @@ use tracing::Instrument as _;
 
 use crate::budget::Budget;
 use crate::calls::{Found, run_tools};
+use crate::model_teacher::{ModelTeacher, TeacherEndpoint};
 use crate::prompt::{ANSWER_TOOLS, Answer, SUBMIT_ANSWER, SUBMIT_TOOL, SYSTEM_PROMPT, answer_tool};
 
 /// The observation after a tool call the gateway could not parse.
@@ -34,6 +35,14 @@ pub struct Clients {
     pub tool_timeout: std::time::Duration,
     /// Deadline of each turn.
     pub model_timeout: std::time::Duration,
+    /// Where `model:<name>` teachers are asked; none without `SLEUTH_TEACHER_URL`.
+    pub teacher: Option<TeacherEndpoint>,
+}
+
+/// Who replies in the policy's place, when a config names a teacher.
+enum Teacher {
+    Scripted(crate::teacher::Teacher),
+    Model(ModelTeacher),
 }
 
 /// How the loop ended.
@@ -113,12 +122,13 @@ pub async fn run(clients: &Clients, request: &RunEpisodeRequest) -> Episode {
     let end = match offered_tools(clients, &task.collection, &config).await {
         Err(end) => end,
         Ok(tool_specs) => 'episode: {
-            let mut teacher = match teacher_for(&config, &request.episode_id, &task.question, &tool_specs) {
+            let mut teacher = match teacher_for(clients, &config, &request.episode_id, &task.question, &tool_specs) {
                 Ok(teacher) => teacher,
                 Err(why) => break 'episode End::new(EpisodeOutcome::ToolError, why),
             };
             let mut used_tokens = 0u32;
-            found.word_stats = teacher.as_ref().map(|_| WordStats::default());
+            // A scripted teacher ranks bridges by the collection's statistics.
+            found.word_stats = matches!(teacher, Some(Teacher::Scripted(_))).then(WordStats::default);
             if !config.opening_search.is_empty() {
                 let cap = budget.observation_char_cap;
                 let opened =
@@ -142,18 +152,28 @@ pub async fn run(clients: &Clients, request: &RunEpisodeRequest) -> Episode {
                 // One seed per turn: the same seed every turn would replay
                 // the same random draws at every position of every turn.
                 sampling.seed = sampling.seed.map(|seed| sleuth_kit::seed::derive(seed, &format!("turn {turns}")));
-                let observation = messages.last().filter(|m| m.role == "tool").map(|m| m.content.as_str());
+                let teacher_reply = match teacher.as_mut() {
+                    None => String::new(),
+                    Some(Teacher::Scripted(teacher)) => {
+                        let observation = messages.last().filter(|m| m.role == "tool").map(|m| m.content.as_str());
+                        let stats = found.word_stats.get_or_insert_default();
+                        teacher.reply(observation, stats, max_turns - turns)
+                    }
+                    Some(Teacher::Model(teacher)) => {
+                        let asked = teacher.reply(&messages, &tool_specs, &sampling);
+                        match asked.instrument(tracing::info_span!("teacher_turn", turn = turns)).await {
+                            Ok(reply) => reply,
+                            Err(why) => break End::new(EpisodeOutcome::ModelError, why),
+                        }
+                    }
+                };
                 let chat = inference::ChatRequest {
                     episode_id: request.episode_id.clone(),
                     run_id: request.run_id.clone(),
                     messages: messages.clone(),
                     tools: tool_specs.clone(),
                     sampling: Some(sampling),
-                    teacher_reply: teacher
-                        .as_mut()
-                        .zip(found.word_stats.as_ref())
-                        .map(|(t, stats)| t.reply(observation, stats, max_turns - turns))
-                        .unwrap_or_default(),
+                    teacher_reply,
                     turns_before: Some(turns),
                     ticket: request.ticket.clone(),
                     ..Default::default()
@@ -243,20 +263,29 @@ async fn open(
         .await
 }
 
-/// The scripted teacher replying in this episode, if the config names one;
-/// a mixture draws its strategy, and an exploring one its bridges, from the
-/// sampling seed (or the episode id).
+/// The teacher replying in this episode, if the config names one: a model
+/// at the agent's teacher endpoint, or a script (a mixture draws its
+/// strategy, and an exploring one its bridges, from the sampling seed or the
+/// episode id).
 fn teacher_for(
+    clients: &Clients,
     config: &AgentConfig,
     episode_id: &str,
     question: &str,
     offered: &[ToolSpec],
-) -> Result<Option<crate::teacher::Teacher>, String> {
-    let Some(spec) = crate::teacher::TeacherSpec::parse(&config.teacher)? else { return Ok(None) };
+) -> Result<Option<Teacher>, String> {
+    let spec = match crate::teacher::TeacherSpec::parse(&config.teacher)? {
+        None => return Ok(None),
+        Some(crate::teacher::TeacherSpec::Model(model)) => {
+            return ModelTeacher::new(clients.teacher.as_ref(), &model, episode_id).map(|t| Some(Teacher::Model(t)));
+        }
+        Some(scripted) => scripted,
+    };
     let seed = config.sampling.as_ref().and_then(|s| s.seed).unwrap_or_else(|| sleuth_kit::seed::derive(0, episode_id));
     let opened = !config.opening_search.is_empty();
     let in_words = offered.iter().any(|t| t.name == SUBMIT_ANSWER);
-    Ok(Some(crate::teacher::Teacher::new(spec.choose(seed, offered)?, question, opened, in_words, seed)))
+    let strategy = spec.choose(seed, offered)?;
+    Ok(Some(Teacher::Scripted(crate::teacher::Teacher::new(strategy, question, opened, in_words, seed))))
 }
 
 /// The collection's tools (those `config.tools` names, or all) and the

@@ -5,11 +5,14 @@
 //! - [`episode`]: the loop of one episode, its budgets and outcomes (its
 //!   tool calls run in `calls`);
 //! - [`teacher`]: scripted strategies that reply instead of the policy (SFT data);
+//! - [`model_teacher`]: a model at an OpenAI-compatible endpoint that replies
+//!   instead of the policy (distillation data);
 //! - [`ticket`]: the ticket an episode runs under at the inference gateway.
 
 pub mod budget;
 mod calls;
 pub mod episode;
+pub mod model_teacher;
 pub mod prompt;
 pub mod teacher;
 pub mod ticket;
@@ -62,6 +65,24 @@ pub struct Config {
     /// gateway's own SLEUTH_POLICY_TIMEOUT, so its clearer error comes first.
     #[arg(long, env = "SLEUTH_MODEL_TIMEOUT", default_value = "10m", value_parser = humantime::parse_duration)]
     pub model_timeout: std::time::Duration,
+
+    /// Base URL of the OpenAI-compatible endpoint that plays `model:<name>`
+    /// teachers (requests go to `<url>/v1/chat/completions`): an inference
+    /// gateway's HTTP door in front of a policy-server pool serving the
+    /// teacher model, or a hosted endpoint. Unset: episodes asking for a
+    /// model teacher end as tool errors that say so.
+    #[arg(long, env = "SLEUTH_TEACHER_URL")]
+    pub teacher_url: Option<String>,
+
+    /// The bearer token the teacher endpoint expects (from a Secret); unset:
+    /// no `authorization` header.
+    #[arg(long, env = "SLEUTH_TEACHER_TOKEN", hide_env_values = true)]
+    pub teacher_token: Option<sleuth_kit::BearerToken>,
+
+    /// Calls per teacher turn (1 s, 2 s, 4 s, ... apart) before the episode
+    /// ends as a model error; each call has SLEUTH_MODEL_TIMEOUT.
+    #[arg(long, env = "SLEUTH_TEACHER_ATTEMPTS", default_value_t = 6, value_parser = clap::value_parser!(u32).range(1..=20))]
+    pub teacher_attempts: u32,
 
     /// Episodes this worker runs at once; more are refused with RESOURCE_EXHAUSTED.
     #[arg(long, env = "SLEUTH_MAX_EPISODES", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
@@ -138,6 +159,20 @@ impl Agent for Handlers {
     }
 }
 
+/// The endpoint of model teachers, when `SLEUTH_TEACHER_URL` is set.
+fn teacher_endpoint(config: &Config) -> Result<Option<model_teacher::TeacherEndpoint>, KitError> {
+    let Some(url) = &config.teacher_url else { return Ok(None) };
+    let chat = sleuth_kit::chat_endpoint::ChatEndpoint::new(
+        "teacher_url",
+        url,
+        config.teacher_token.clone(),
+        "teacher",
+        config.model_timeout,
+    )
+    .map_err(|message| KitError::Config { field: "teacher_url", message })?;
+    Ok(Some(model_teacher::TeacherEndpoint { chat, attempts: config.teacher_attempts }))
+}
+
 /// Serves the agent on `listener` until `shutdown` resolves.
 pub async fn run(
     mut config: Config,
@@ -157,6 +192,7 @@ pub async fn run(
         tools: sleuth_kit::sized!(ToolGatewayClient::new(tools.clone())),
         tool_timeout: config.tool_timeout,
         model_timeout: config.model_timeout,
+        teacher: teacher_endpoint(&config)?,
     };
     let handlers = Handlers { clients, slots: Arc::new(Semaphore::new(config.max_episodes as usize)) };
     let service = GrpcService::new(sleuth_kit::sized!(AgentServer::new(handlers)))

@@ -46,25 +46,37 @@ pub struct Strategy {
 }
 
 /// What `AgentConfig.teacher` asks for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TeacherSpec {
     Fixed(Strategy),
     /// One strategy per episode, drawn from its seed.
     Mixture,
+    /// A model behind the agent's teacher endpoint, by the name its
+    /// requests send as `model` (`crate::model_teacher`).
+    Model(String),
 }
 
 impl TeacherSpec {
     /// Parses `AgentConfig.teacher` (an error names it as `teacher`): `""` (no teacher: the policy replies),
-    /// `mixture`, or `bm25:<hops>` / `vector:<hops>` with hops 0 to 3.
+    /// `mixture`, `bm25:<hops>` / `vector:<hops>` with hops 0 to 3, or
+    /// `model:<name>` (a name without spaces).
     pub fn parse(name: &str) -> Result<Option<Self>, String> {
         let bad = || {
             format!(
-                "teacher {name:?} is not a strategy (bm25:<hops>, vector:<hops> with hops 0..={MAX_HOPS}, or mixture)"
+                "teacher {name:?} is not a teacher (bm25:<hops>, vector:<hops> with hops 0..={MAX_HOPS}, mixture, \
+                 or model:<name>)"
             )
         };
         match name.trim() {
             "" => Ok(None),
             "mixture" => Ok(Some(Self::Mixture)),
+            other if other.starts_with("model:") => {
+                let model = &other["model:".len()..];
+                match !model.is_empty() && model.chars().all(|c| c.is_ascii_graphic()) {
+                    true => Ok(Some(Self::Model(model.to_owned()))),
+                    false => Err(bad()),
+                }
+            }
             other => {
                 let (retriever, hops) = other.split_once(':').ok_or_else(bad)?;
                 let tool = match retriever {
@@ -79,10 +91,12 @@ impl TeacherSpec {
     }
 
     /// The strategy of an episode with `seed` when `offered` are its tools;
-    /// an error names a fixed strategy's tool the collection lacks.
-    pub fn choose(self, seed: u64, offered: &[ToolSpec]) -> Result<Strategy, String> {
+    /// an error names a fixed strategy's tool the collection lacks (or a
+    /// model teacher, which follows none).
+    pub fn choose(&self, seed: u64, offered: &[ToolSpec]) -> Result<Strategy, String> {
         let has = |tool: &str| offered.iter().any(|t| t.name == tool);
-        match self {
+        match *self {
+            Self::Model(ref model) => Err(format!("config.teacher model:{model} follows no scripted strategy")),
             Self::Fixed(strategy) if has(strategy.tool) => Ok(strategy),
             Self::Fixed(strategy) => {
                 Err(format!("config.teacher needs {}, which the collection does not offer", strategy.tool))
@@ -221,7 +235,8 @@ mod tests {
             Ok(Some(TeacherSpec::Fixed(Strategy { tool: "bm25_search", hops: 2, explore: false })))
         );
         assert_eq!(TeacherSpec::parse("mixture"), Ok(Some(TeacherSpec::Mixture)));
-        for bad in ["bm25", "sql:1", "bm25:9", "vector:x"] {
+        assert_eq!(TeacherSpec::parse("model:Qwen/Qwen3-8B"), Ok(Some(TeacherSpec::Model("Qwen/Qwen3-8B".into()))));
+        for bad in ["bm25", "sql:1", "bm25:9", "vector:x", "model:", "model:two words"] {
             assert!(TeacherSpec::parse(bad).unwrap_err().contains(&format!("{bad:?}")), "{bad}");
         }
         let vector = TeacherSpec::parse("vector:1").unwrap().unwrap();

@@ -7,8 +7,8 @@ use sleuth_proto::agent::v1::RunEpisodeRequest;
 
 use crate::budget::Budget;
 
-/// `request`'s ticket under `key`: the teacher grant when a scripted
-/// teacher plays it (its replies are recorded as the policy's tokens), and
+/// `request`'s ticket under `key`: the teacher grant when a teacher
+/// (scripted or a model) plays it (its replies are recorded as the policy's tokens), and
 /// the trace bounded by the episode's token budget.
 pub fn issue(key: &TicketKey, request: &RunEpisodeRequest) -> String {
     let config = request.config.as_ref();

@@ -22,8 +22,9 @@ use sleuth_proto::inference::v1::ChatRequest;
 use crate::error::Error;
 use crate::handlers::Handlers;
 
-/// Header naming the episode on `/v1/chat/completions`.
-pub const EPISODE_HEADER: &str = "x-sleuth-episode-id";
+/// Header naming the episode on `/v1/chat/completions` (the one Sleuth's
+/// own clients of a chat endpoint send).
+pub use sleuth_kit::chat_endpoint::EPISODE_HEADER;
 /// Header carrying the episode's ticket (`ChatRequest.ticket`), on either route.
 pub const TICKET_HEADER: &str = "x-sleuth-episode-ticket";
 

@@ -27,6 +27,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use sleuth_kit::chat_endpoint::ChatEndpoint;
 use sleuth_proto::common::v1::Task;
 
 /// Verdicts kept in the cache; it starts over when full.
@@ -85,10 +86,7 @@ pub struct JudgeArgs {
 
 /// A configured judge.
 pub struct Judge {
-    http: reqwest::Client,
-    endpoint: String,
-    token: Option<String>,
-    model: String,
+    endpoint: ChatEndpoint,
     attempts: u32,
     /// Ends the answer's markers; the policy never sees it.
     nonce: String,
@@ -100,32 +98,13 @@ impl Judge {
     /// the bad setting.
     pub fn from_args(args: &JudgeArgs) -> Result<Option<Arc<Self>>, String> {
         let Some(url) = &args.judge_url else { return Ok(None) };
-        let base = url.trim_end_matches('/');
-        if !(base.starts_with("http://") || base.starts_with("https://")) {
-            return Err(format!("judge_url {url:?} must start with http:// or https://"));
-        }
-        let token = args.judge_token.as_ref().map(|t| String::from_utf8_lossy(t.secret()).into_owned());
-        // reqwest is built without a crypto provider of its own: it uses the
-        // process's, aws-lc-rs as everywhere in the workspace (another
-        // caller may have installed it first).
-        let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
-        let http = reqwest::Client::builder()
-            .timeout(args.judge_timeout)
-            .build()
-            .map_err(|e| format!("judge_url {url:?}: cannot make an HTTP client: {e}"))?;
+        let endpoint =
+            ChatEndpoint::new("judge_url", url, args.judge_token.clone(), &args.judge_model, args.judge_timeout)?;
         let nonce = format!(
             "{:016x}",
             sleuth_kit::seed::derive(std::process::id().into(), &format!("{:?}", std::time::SystemTime::now()))
         );
-        Ok(Some(Arc::new(Self {
-            http,
-            endpoint: format!("{base}/v1/chat/completions"),
-            token,
-            model: args.judge_model.clone(),
-            attempts: args.judge_attempts,
-            nonce,
-            cache: Mutex::default(),
-        })))
+        Ok(Some(Arc::new(Self { endpoint, attempts: args.judge_attempts, nonce, cache: Mutex::default() })))
     }
 
     /// The verdict on `answer` to `task`, in [0, 1]; cached.
@@ -141,8 +120,7 @@ impl Judge {
         let mut last = String::new();
         for attempt in 0..self.attempts {
             if attempt > 0 {
-                // 1 s, 2 s, 4 s, ... to 32 s: long enough for a judge pod to come back.
-                tokio::time::sleep(Duration::from_secs(1 << (attempt - 1).min(5))).await;
+                tokio::time::sleep(sleuth_kit::chat_endpoint::backoff(attempt)).await;
             }
             match self.ask(&messages, &key, attempt).await {
                 Ok(reply) => match parse_verdict(&reply) {
@@ -164,35 +142,20 @@ impl Judge {
         }
         Err(format!(
             "judge {}: no verdict for task {:?} after {} attempts: {last}",
-            self.endpoint, task.task_id, self.attempts
+            self.endpoint.url(),
+            task.task_id,
+            self.attempts
         ))
     }
 
     /// One call: the reply's text, or why there is none.
     async fn ask(&self, messages: &Value, key: &(String, String), attempt: u32) -> Result<String, String> {
-        let body = json!({"model": self.model, "messages": messages, "temperature": 0.0, "max_tokens": 16});
+        let body = json!({"messages": messages, "temperature": 0.0, "max_tokens": 16});
         // A Sleuth gateway records every call as an episode: one per call.
         let digest = sleuth_kit::seed::derive(attempt.into(), &format!("{}\u{0}{}", key.0, key.1));
         let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
-        let mut request = self
-            .http
-            .post(&self.endpoint)
-            .header("x-sleuth-episode-id", format!("judge-{digest:016x}-{nanos:x}"))
-            .json(&body);
-        if let Some(token) = &self.token {
-            request = request.bearer_auth(token);
-        }
-        let response = request.send().await.map_err(|e| format!("calling the judge: {e}"))?;
-        let status = response.status();
-        let reply: Value =
-            response.json().await.map_err(|e| format!("the judge's reply ({status}) is not JSON: {e}"))?;
-        if !status.is_success() {
-            return Err(format!("the judge answered {status}: {}", reply["error"]["message"].as_str().unwrap_or("")));
-        }
-        reply["choices"][0]["message"]["content"]
-            .as_str()
-            .map(str::to_owned)
-            .ok_or_else(|| "the judge's reply has no choices[0].message.content".to_owned())
+        let message = self.endpoint.complete(&format!("judge-{digest:016x}-{nanos:x}"), body).await?;
+        message["content"].as_str().map(str::to_owned).ok_or_else(|| "the judge's reply has no content".to_owned())
     }
 }
 
