@@ -8,7 +8,7 @@
 #   3. start the mesh (Redis, orchestrator, agent worker, tool gateway,
 #      inference gateway, policy server) with the base;
 #   4. trajectory SFT on half of the train questions: a run whose episodes
-#      a scripted teacher plays (`agent.teacher: mixture`), trained on each
+#      a teacher plays (`agent.teacher`: the scripted mixture, or --teacher), trained on each
 #      question's best (rejection sampling) rewarded at least `sft_min_reward`, with copy pre-training's
 #      conversations rehearsed in every step, validated every few steps;
 #      every episode opens with BM25 on the question (`agent.opening_search`),
@@ -20,7 +20,7 @@
 #      is the run whose best version scores highest on validation;
 #   6. evaluate on the test split: BM25, BM25+RM3 and (with vectors) hybrid
 #      search on the question, the scripted multi-hop search chosen on
-#      validation, the teacher's mixture, the base, SFT and GRPO (each run's
+#      validation, the teacher, the base, SFT and GRPO (each run's
 #      best version by validation, never by training reward), and print one
 #      table with nDCG@10 and its paired 95 % bootstrap interval against SFT.
 #
@@ -53,6 +53,10 @@
 #                       score and evaluate nothing on the test split (for
 #                       choosing settings without looking at test)
 #   --task T            ranking (default) or answer (in words, with citations)
+#   --teacher T         who plays SFT's episodes (default mixture): a scripted
+#                       strategy, or model:NAME, the model NAME at the
+#                       OpenAI-compatible endpoint SLEUTH_TEACHER_URL (token in
+#                       SLEUTH_TEACHER_TOKEN), e.g. a larger model served on a GPU
 # The collection needs qrels/train.tsv and qrels/test.tsv; without
 # qrels/validation.tsv a seventh of the train questions is held out to validate.
 #   SLEUTH_DEMO_BASE_PORT  first of the nine consecutive ports used (default 50051)
@@ -63,8 +67,8 @@ source "$(dirname "$0")/mesh.sh"
 
 source="" collection="" policy="" work="" vectors=0 index_vectors=0
 copy_steps=800 train_limit=0 eval_limit=0 sft_epochs=2 grpo_epochs=2 task=ranking
-grpo_settings=3e-4:1.0:0.7 validation_only=0
-usage() { sed -n '2,50p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+grpo_settings=3e-4:1.0:0.7 validation_only=0 teacher=mixture
+usage() { sed -n '2,/^set -euo/{/^#/p}' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 while (($#)); do
   case "$1" in
     --source) source="$2"; shift 2 ;;
@@ -81,11 +85,15 @@ while (($#)); do
     --grpo) grpo_settings="$2"; shift 2 ;;
     --validation-only) validation_only=1; shift ;;
     --task) task="$2"; shift 2 ;;
+    --teacher) teacher="$2"; shift 2 ;;
     -h|--help) usage ;;
     *) echo "unknown option $1" >&2; usage ;;
   esac
 done
 [[ -n "$source" && -n "$collection" ]] || { echo "--source and --collection are required" >&2; usage; }
+# The agent worker reads the endpoint from its environment (mesh.sh passes it on).
+[[ "$teacher" != model:* || -n "${SLEUTH_TEACHER_URL:-}" ]] \
+  || { echo "--teacher $teacher: set SLEUTH_TEACHER_URL to the teacher model's OpenAI-compatible endpoint" >&2; exit 2; }
 IFS=, read -ra grpo_runs <<<"$grpo_settings"
 for setting in "${grpo_runs[@]}"; do
   [[ "$setting" =~ ^[0-9.eE+-]+:[0-9.eE+-]+:[0-9.eE+-]+$ ]] \
@@ -210,7 +218,7 @@ agent:
   tools: [$tools]
   opening_search: bm25_search
   sampling: {seed: 1}
-  teacher: mixture
+  teacher: $teacher
 training: {learning_rate: 2.0e-3, lr_schedule: cosine, checkpoint_every: 10, eval_every: 10, sft_min_reward: 0.3, copy_rehearsal: 48}"
 train sft "$(tail -n 8 "$work/sft.yaml")"
 
@@ -240,7 +248,7 @@ done
 [[ -n "$best_strategy" ]] || { say "no scripted strategy was scored on validation"; exit 1; }
 say "scripted baseline: $best_strategy (validation score $best_score)"
 evaluate scripted --teacher "$best_strategy" --agent-from sft
-evaluate teacher --teacher mixture --agent-from sft
+evaluate teacher --teacher "$teacher" --agent-from sft
 serve "$policy"
 evaluate base --agent-from sft
 sft="$("$bin/learner" best-policy sft)"
