@@ -21,8 +21,9 @@ async fn taught(mesh: &Mesh, teacher: &str, episode: &str, max_turns: u32) -> Re
 }
 
 /// A policy server serving `model` and an inference gateway with its
-/// OpenAI-compatible door in front of it (on `redis_url`); the door's URL.
-fn teacher_pool(model: &std::path::Path, redis_url: &str) -> Result<(ServiceProcess, ServiceProcess, String)> {
+/// OpenAI-compatible door in front of it (on `redis_url`), both serving
+/// (the model loaded); the door's URL.
+async fn teacher_pool(model: &std::path::Path, redis_url: &str) -> Result<(ServiceProcess, ServiceProcess, String)> {
     let model = model.display().to_string();
     let policy = ServiceProcess::start(
         "policy-server",
@@ -36,6 +37,8 @@ fn teacher_pool(model: &std::path::Path, redis_url: &str) -> Result<(ServiceProc
             ("SLEUTH_POLICY_SERVERS", policy.addr.clone()),
         ],
     )?;
+    sleuth_testkit::service::wait_serving(&policy.addr, "sleuth.policy.v1.PolicyServer").await?;
+    sleuth_testkit::service::wait_serving(&gateway.addr, "sleuth.inference.v1.InferenceGateway").await?;
     let door = format!("http://{}", gateway.http.as_deref().context("the teacher gateway's OpenAI door")?);
     Ok((policy, gateway, door))
 }
@@ -45,7 +48,7 @@ async fn a_model_teacher_behind_an_openai_door_plays_the_episode_as_the_policy()
     let scratch = tempfile::tempdir()?;
     let policies = policies(scratch.path()).await?;
     let mut mesh = Mesh::with_agents(&policies.searcher, &policies.index, 0)?;
-    let (_teacher_policy, teacher_gateway, door) = teacher_pool(&policies.submitter, &mesh.redis_url)?;
+    let (_teacher_policy, teacher_gateway, door) = teacher_pool(&policies.submitter, &mesh.redis_url).await?;
     mesh.agents.push(mesh.agent(&[("SLEUTH_TEACHER_URL", door.clone()), ("SLEUTH_TEACHER_ATTEMPTS", "1".into())])?);
 
     // The teacher submits at once, where the student would have searched.
@@ -69,7 +72,8 @@ async fn a_model_teacher_behind_an_openai_door_plays_the_episode_as_the_policy()
 
     // Several turns: the conversation the door is shown grows with the
     // tool results (OpenAI's tool messages), and each reply is traced.
-    let (_searching_policy, _searching_gateway, searching_door) = teacher_pool(&policies.searcher, &mesh.redis_url)?;
+    let (_searching_policy, _searching_gateway, searching_door) =
+        teacher_pool(&policies.searcher, &mesh.redis_url).await?;
     mesh.agents[0] = mesh.agent(&[("SLEUTH_TEACHER_URL", searching_door)])?;
     let searched = taught(&mesh, "model:searcher", "distil-2", 3).await?;
     assert_eq!(searched.outcome, EpisodeOutcome::TurnLimit as i32, "{}", searched.outcome_detail);
