@@ -5,7 +5,7 @@
 //! the policy through it.
 //!
 //! One call is one request; callers that ride out a restarting endpoint
-//! retry with [`backoff`] between attempts.
+//! make their calls through [`attempts`].
 
 use std::time::Duration;
 
@@ -91,6 +91,30 @@ impl ChatEndpoint {
 /// 32 s, long enough for an endpoint's pod to come back.
 pub fn backoff(attempt: u32) -> Duration {
     Duration::from_secs(1 << attempt.saturating_sub(1).min(5))
+}
+
+/// `call(attempt)` for attempts 0, 1, ... up to `attempts`, [`backoff`]
+/// apart, until one succeeds; each failure is logged as `what` failed. The
+/// error is the last attempt's.
+pub async fn attempts<T, F, Call>(attempts: u32, what: &str, mut call: Call) -> Result<T, String>
+where
+    // A plain closure returning a future, not `AsyncFnMut`: a service's
+    // handler future must be `Send`, which `AsyncFnMut` cannot yet promise.
+    Call: FnMut(u32) -> F,
+    F: std::future::Future<Output = Result<T, String>>,
+{
+    let mut last = String::new();
+    for attempt in 0..attempts {
+        if attempt > 0 {
+            tokio::time::sleep(backoff(attempt)).await;
+        }
+        match call(attempt).await {
+            Ok(value) => return Ok(value),
+            Err(error) => last = error,
+        }
+        tracing::warn!(attempt, error = %last, "{what} failed; asking again");
+    }
+    Err(last)
 }
 
 #[cfg(test)]

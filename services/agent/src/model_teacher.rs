@@ -9,7 +9,7 @@
 //! SFT keeps the teacher's best episodes, as it does a scripted teacher's.
 
 use serde_json::{Value, json};
-use sleuth_kit::chat_endpoint::{ChatEndpoint, backoff};
+use sleuth_kit::chat_endpoint::{ChatEndpoint, attempts};
 use sleuth_proto::common::v1::{ChatMessage, SamplingParams, ToolSpec};
 
 /// Where model teachers are asked, from the agent's configuration.
@@ -68,18 +68,11 @@ impl ModelTeacher {
         if sampling.max_new_tokens > 0 {
             body["max_tokens"] = json!(sampling.max_new_tokens);
         }
-        let mut last = String::new();
-        for attempt in 0..self.endpoint.attempts {
-            if attempt > 0 {
-                tokio::time::sleep(backoff(attempt)).await;
-            }
-            match self.endpoint.chat.complete(&self.episode, body.clone()).await.and_then(|m| reply_text(&m)) {
-                Ok(text) => return Ok(text),
-                Err(error) => last = error,
-            }
-            tracing::warn!(episode = %self.episode, attempt, error = %last, "teacher call failed");
-        }
-        Err(format!("teacher: no reply after {} attempts: {last}", self.endpoint.attempts))
+        attempts(self.endpoint.attempts, "teacher call", |_| async {
+            reply_text(&self.endpoint.chat.complete(&self.episode, body.clone()).await?)
+        })
+        .await
+        .map_err(|last| format!("teacher: no reply after {} attempts: {last}", self.endpoint.attempts))
     }
 }
 

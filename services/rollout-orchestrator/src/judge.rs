@@ -29,6 +29,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use sleuth_kit::chat_endpoint::ChatEndpoint;
 use sleuth_proto::common::v1::Task;
+use tracing::Instrument as _;
 
 /// Verdicts kept in the cache; it starts over when full.
 const CACHED: usize = 100_000;
@@ -117,35 +118,28 @@ impl Judge {
             return Ok(*verdict);
         }
         let messages = prompt(task, answer, &self.nonce);
-        let mut last = String::new();
-        for attempt in 0..self.attempts {
-            if attempt > 0 {
-                tokio::time::sleep(sleuth_kit::chat_endpoint::backoff(attempt)).await;
-            }
-            match self.ask(&messages, &key, attempt).await {
-                Ok(reply) => match parse_verdict(&reply) {
-                    Some(verdict) => {
-                        let mut cache = self.cache.lock().expect("judge cache");
-                        if cache.len() >= CACHED {
-                            cache.clear();
-                        }
-                        cache.insert(key, verdict);
-                        return Ok(verdict);
-                    }
-                    None => {
-                        last = format!("no verdict in the reply {:?}", sleuth_chat::observation::shorten(&reply, 200))
-                    }
-                },
-                Err(error) => last = error,
-            }
-            tracing::warn!(task = %task.task_id, attempt, error = %last, "judge call failed; asking again");
+        let asked = (&messages, &key);
+        let verdict = sleuth_kit::chat_endpoint::attempts(self.attempts, "judge call", |attempt| async move {
+            let reply = self.ask(asked.0, asked.1, attempt).await?;
+            parse_verdict(&reply)
+                .ok_or_else(|| format!("no verdict in the reply {:?}", sleuth_chat::observation::shorten(&reply, 200)))
+        })
+        .instrument(tracing::info_span!("judge", task = %task.task_id))
+        .await
+        .map_err(|last| {
+            format!(
+                "judge {}: no verdict for task {:?} after {} attempts: {last}",
+                self.endpoint.url(),
+                task.task_id,
+                self.attempts
+            )
+        })?;
+        let mut cache = self.cache.lock().expect("judge cache");
+        if cache.len() >= CACHED {
+            cache.clear();
         }
-        Err(format!(
-            "judge {}: no verdict for task {:?} after {} attempts: {last}",
-            self.endpoint.url(),
-            task.task_id,
-            self.attempts
-        ))
+        cache.insert(key, verdict);
+        Ok(verdict)
     }
 
     /// One call: the reply's text, or why there is none.
