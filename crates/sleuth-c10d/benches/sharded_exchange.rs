@@ -9,8 +9,9 @@
 //! received per rank (everything loopback received during the step, over N:
 //! Gloo reads with recv, which /proc/self/io does not count), peak resident
 //! memory per rank during the steps (VmHWM, reset after setup), and the ratio of bytes to the FSDP bound
-//! 2 x (N-1)/N x model bytes. Gloo has no reduce-scatter of its own: c10d
-//! runs it as an all-reduce, so expect 1.5x the bound (NCCL's is native).
+//! 2 x (N-1)/N x model bytes. Gloo has no reduce-scatter of its own (c10d
+//! runs it as an all-reduce, 1.5x the bound); the crate's is a ring of sends
+//! and receives, so expect the bound itself (NCCL's is native).
 //!
 //! Forward and backward passes are not part of it (they do not depend on N;
 //! `cargo bench -p learner --bench grpo_step` times them).

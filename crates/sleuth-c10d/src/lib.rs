@@ -68,7 +68,10 @@ pub trait Collective: Send {
     /// `output` (world x `input`'s elements) receives every rank's `input`, in rank order.
     fn all_gather(&mut self, output: &Tensor, input: &Tensor) -> Result<(), CollectiveError>;
     /// `output` receives this rank's chunk of the element-wise sum over ranks
-    /// of `input` (world x `output`'s elements).
+    /// of `input` (world x `output`'s elements); `input` is only read. Each
+    /// rank sends (world - 1) / world of `input` once: NCCL's own, and for
+    /// Gloo (whose own is an all-reduce, half as many bytes again) a ring of
+    /// sends and receives.
     fn reduce_scatter_sum(&mut self, output: &Tensor, input: &Tensor) -> Result<(), CollectiveError>;
     /// `tensor` becomes the element-wise `op` over ranks.
     fn all_reduce(&mut self, tensor: &Tensor, op: Reduce) -> Result<(), CollectiveError>;

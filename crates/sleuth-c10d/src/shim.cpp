@@ -23,6 +23,7 @@ struct Group {
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::Backend> backend;
   std::chrono::milliseconds timeout;
+  bool nccl = false;
 };
 
 char* error(const std::string& message) {
@@ -45,6 +46,48 @@ char* guarded(F body) {
 void finish(Group* g, const c10::intrusive_ptr<c10d::Work>& work) {
   if (!work->wait(g->timeout)) {
     throw std::runtime_error("the collective did not complete within the timeout");
+  }
+}
+
+// The element-wise sum over ranks of `input` (world x output's elements),
+// this rank's chunk into `output`, as a ring of sends and receives: in step
+// s every rank sends the partial sum of one chunk to the next rank and adds
+// what the previous rank sent to its own part of the chunk it will send in
+// step s + 1; after world - 1 steps the partial sum a rank holds is its own
+// chunk, complete. Each rank sends (world - 1) / world of the input once,
+// the bound of a reduce-scatter. Gloo's own _reduce_scatter_base is an
+// all-reduce followed by a copy of the chunk, half as many bytes again.
+// `input` is only read; the partial sums live in two chunk-sized buffers.
+void ring_reduce_scatter(Group* g, at::Tensor& output, const at::Tensor& input) {
+  const int rank = g->backend->getRank();
+  const int world = g->backend->getSize();
+  const int64_t chunk = output.numel();
+  const auto flat = input.reshape({-1});
+  auto part = [&](int index) { return flat.narrow(0, int64_t((index % world + world) % world) * chunk, chunk); };
+  if (world == 1) {
+    output.copy_(flat);
+    return;
+  }
+  const int next = (rank + 1) % world;
+  const int previous = (rank + world - 1) % world;
+  at::Tensor received = at::empty({chunk}, output.options());
+  at::Tensor sum = at::empty({chunk}, output.options());
+  at::Tensor carry = part(rank - 1);
+  for (int step = 0; step < world - 1; ++step) {
+    std::vector<at::Tensor> outgoing{carry};
+    std::vector<at::Tensor> incoming{received};
+    auto sent = g->backend->send(outgoing, next, step);
+    auto got = g->backend->recv(incoming, previous, step);
+    finish(g, got);
+    finish(g, sent);
+    // What came in is the previous rank's partial sum of this chunk.
+    const auto mine = part(rank - step - 2);
+    if (step == world - 2) {
+      at::add_out(output, mine, received);
+    } else {
+      at::add_out(sum, mine, received);
+      carry = sum;
+    }
   }
 }
 
@@ -97,6 +140,7 @@ char* sleuth_c10d_start(sleuth_c10d_group* g, int rank, int world, int64_t timeo
     if (nccl) {
 #ifdef SLEUTH_C10D_NCCL
       g->backend = sleuth_c10d_nccl(g->store, rank, world, timeout);
+      g->nccl = true;
 #else
       throw std::runtime_error(
           "this build has no NCCL backend (libtorch_cuda or CUDA's headers were missing when it was built)");
@@ -125,9 +169,16 @@ char* sleuth_c10d_all_gather(sleuth_c10d_group* g, at::Tensor* output, at::Tenso
 }
 
 // The element-wise sum over ranks of `input` (world x output's elements),
-// this rank's chunk into `output`.
+// this rank's chunk into `output`: NCCL's own reduce-scatter, a ring of
+// sends and receives through Gloo.
 char* sleuth_c10d_reduce_scatter(sleuth_c10d_group* g, at::Tensor* output, at::Tensor* input) {
-  return guarded([&] { finish(g, g->backend->_reduce_scatter_base(*output, *input)); });
+  return guarded([&] {
+    if (g->nccl) {
+      finish(g, g->backend->_reduce_scatter_base(*output, *input));
+    } else {
+      ring_reduce_scatter(g, *output, *input);
+    }
+  });
 }
 
 // op: 0 sum, 1 max.

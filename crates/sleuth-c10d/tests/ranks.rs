@@ -98,22 +98,60 @@ fn a_rank_that_never_joins_is_named() {
     assert!(error.contains("ranks [1, 2] did not join"), "{error}");
 }
 
+/// Through Gloo the reduce-scatter is a ring of sends and receives (the
+/// shim's), so it gets its own check on more ranks and chunks of odd length:
+/// each rank's chunk is the sum one rank computes, within f32 rounding (the
+/// ring adds the ranks in another order).
+#[test]
+fn four_ranks_reduce_scatter_to_what_one_rank_sums() {
+    const WORLD: usize = 4;
+    const CHUNK: i64 = 1001;
+    let input =
+        |rank: usize| (Tensor::arange(CHUNK * WORLD as i64, (Kind::Float, Device::Cpu)) * (rank as f64 + 1.0)).sin();
+    let sum = (0..WORLD).map(input).reduce(|a, b| a + b).unwrap();
+    let chunks = ranks(WORLD, move |mut group| {
+        let output = Tensor::zeros([CHUNK], (Kind::Float, Device::Cpu));
+        let mine = input(group.rank());
+        group.reduce_scatter_sum(&output, &mine).unwrap();
+        assert_eq!(values(&mine), values(&input(group.rank())), "the input is only read");
+        group.barrier().unwrap();
+        output
+    });
+    for (rank, chunk) in chunks.iter().enumerate() {
+        let expected = sum.narrow(0, rank as i64 * CHUNK, CHUNK);
+        let error = (chunk - &expected).abs().max().double_value(&[]);
+        assert!(error < 1e-6, "rank {rank}: off by {error}");
+    }
+}
+
 /// A rank that leaves (its group dropped, its connections closed) fails the
-/// next collective on every other rank, and each names it.
+/// next collective on every other rank, and each names it: an all-reduce
+/// (Gloo's own) and a reduce-scatter (the shim's ring).
 #[test]
 fn a_rank_gone_mid_run_is_named_by_every_other_rank() {
-    let errors = ranks(3, |mut group| {
-        let t = Tensor::ones([4], (Kind::Float, Device::Cpu));
-        group.all_reduce(&t, Reduce::Sum).unwrap();
-        if group.rank() == 2 {
-            drop(group);
-            return None;
+    fn all_reduce(group: &mut ProcessGroup) -> Result<(), CollectiveError> {
+        group.all_reduce(&Tensor::ones([4], (Kind::Float, Device::Cpu)), Reduce::Sum)
+    }
+    fn reduce_scatter(group: &mut ProcessGroup) -> Result<(), CollectiveError> {
+        let input = Tensor::ones([6], (Kind::Float, Device::Cpu));
+        group.reduce_scatter_sum(&Tensor::zeros([2], (Kind::Float, Device::Cpu)), &input)
+    }
+    for (name, op) in [("all_reduce", all_reduce as fn(&mut ProcessGroup) -> _), ("reduce_scatter", reduce_scatter)] {
+        let errors = ranks(3, move |mut group| {
+            op(&mut group).unwrap();
+            if group.rank() == 2 {
+                drop(group);
+                return None;
+            }
+            Some(op(&mut group).unwrap_err())
+        });
+        for (rank, error) in errors.into_iter().enumerate().take(2) {
+            let error = error.unwrap();
+            assert!(
+                matches!(&error, CollectiveError::Failed { gone, .. } if gone == &[2]),
+                "{name}, rank {rank}: {error}"
+            );
+            assert!(error.to_string().contains("rank 2 is gone"), "{name}: {error}");
         }
-        Some(group.all_reduce(&t, Reduce::Sum).unwrap_err())
-    });
-    for (rank, error) in errors.into_iter().enumerate().take(2) {
-        let error = error.unwrap();
-        assert!(matches!(&error, CollectiveError::Failed { gone, .. } if gone == &[2]), "rank {rank}: {error}");
-        assert!(error.to_string().contains("rank 2 is gone"), "{error}");
     }
 }
