@@ -23,7 +23,6 @@ struct Group {
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::Backend> backend;
   std::chrono::milliseconds timeout;
-  bool nccl = false;
 };
 
 char* error(const std::string& message) {
@@ -140,7 +139,6 @@ char* sleuth_c10d_start(sleuth_c10d_group* g, int rank, int world, int64_t timeo
     if (nccl) {
 #ifdef SLEUTH_C10D_NCCL
       g->backend = sleuth_c10d_nccl(g->store, rank, world, timeout);
-      g->nccl = true;
 #else
       throw std::runtime_error(
           "this build has no NCCL backend (libtorch_cuda or CUDA's headers were missing when it was built)");
@@ -173,10 +171,10 @@ char* sleuth_c10d_all_gather(sleuth_c10d_group* g, at::Tensor* output, at::Tenso
 // sends and receives through Gloo.
 char* sleuth_c10d_reduce_scatter(sleuth_c10d_group* g, at::Tensor* output, at::Tensor* input) {
   return guarded([&] {
-    if (g->nccl) {
-      finish(g, g->backend->_reduce_scatter_base(*output, *input));
-    } else {
+    if (dynamic_cast<c10d::ProcessGroupGloo*>(g->backend.get()) != nullptr) {
       ring_reduce_scatter(g, *output, *input);
+    } else {
+      finish(g, g->backend->_reduce_scatter_base(*output, *input));
     }
   });
 }
