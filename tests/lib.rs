@@ -59,6 +59,13 @@ impl ServiceProcess {
             .env("SLEUTH_HTTP_LISTEN", "127.0.0.1:0")
             .env("SLEUTH_LOG_FORMAT", "json")
             .env("SLEUTH_LOG", "info")
+            // One libtorch thread per process (policy server, learner): a
+            // test's processes share two cores with another test's, and
+            // intra-op threads that wait on each other for a core slow a
+            // loaded machine's tests several times over. The Kubernetes
+            // rollout test beside four CPU hogs: 48 to 58 s with a thread
+            // per core, 8 to 11 s with one (4 s idle either way).
+            .env("SLEUTH_TORCH_THREADS", "1")
             .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
