@@ -599,11 +599,10 @@ async fn agents_scaled_through_kubernetes_take_episodes_without_a_restart() -> R
         client
             .create_run(rollout::CreateRunRequest { spec: Some(spec(&index, 2, 2, 2, 100, 2)), run_id: id.into() })
             .await?;
-        let done =
-            wait_for(client, id, Duration::from_secs(60), |r| r.status != rollout::RunStatus::Running as i32)
-                .await
-                // Within the test's own limit, so a stuck run shows where it stopped.
-                .with_context(|| format!("the orchestrator's log:\n{}", orchestrator.log()))?;
+        let done = wait_for(client, id, Duration::from_secs(60), |r| r.status != rollout::RunStatus::Running as i32)
+            .await
+            // Within the test's own limit, so a stuck run shows where it stopped.
+            .with_context(|| format!("the orchestrator's log:\n{}", orchestrator.log()))?;
         anyhow::ensure!(done.status == rollout::RunStatus::Succeeded as i32, "{}", done.status_detail);
         Ok(())
     };
