@@ -93,5 +93,16 @@ async fn trajectory_sft_raises_validation_ndcg_above_the_base() -> Result<()> {
         "validation nDCG@10 rose from {untrained:.3} (base) to only {best:.3} (version {}):\n{table}",
         finished.best_version
     );
+
+    // The best version's validation is an evaluation like any other: per
+    // question, to compare with another run's on the same questions.
+    let validation = finished.validations.iter().find(|v| v.version == finished.best_version).context("validated")?;
+    let request = rollout::GetEvaluationRequest { evaluation_id: validation.evaluation_id.clone() };
+    let evaluation = client.get_evaluation(request).await?.into_inner();
+    let per_question: Vec<f64> =
+        evaluation.per_task.values().filter_map(|m| m.metrics.get("ndcg@10").copied()).collect();
+    assert_eq!(per_question.len(), VALIDATION_TASKS as usize, "{evaluation:?}");
+    let mean = per_question.iter().sum::<f64>() / per_question.len() as f64;
+    assert!((mean - best).abs() < 1e-9, "the per-question scores average to the validation's {best}, not {mean}");
     Ok(())
 }

@@ -50,7 +50,8 @@
 #                       temperature (default 3e-4:1.0:0.7); several settings
 #                       train one run each, chosen on validation
 #   --validation-only   stop after training: print each run's best validation
-#                       score and evaluate nothing on the test split (for
+#                       score and the chosen GRPO's against SFT's, paired by
+#                       question, and evaluate nothing on the test split (for
 #                       choosing settings without looking at test)
 #   --task T            ranking (default) or answer (in words, with citations)
 #   --teacher T         who plays SFT's episodes (default mixture): a scripted
@@ -281,6 +282,11 @@ best_validation() {
   awk '/ \*$/ {print $6}' "$work/$1.report"
 }
 
+# The evaluation id of run $1's best version's validation.
+best_validation_id() {
+  echo "$1-validation-v$(awk '/best version by validation score:/ {print $NF}' "$work/$1.report")"
+}
+
 sft_score="$(best_validation sft)"
 say "sft: best validation score ${sft_score:-none}"
 chosen="" chosen_score=-1
@@ -296,6 +302,10 @@ for i in "${!grpo_runs[@]}"; do
 done
 [[ -n "$chosen" ]] || { say "no GRPO run was validated"; exit 1; }
 say "GRPO chosen on validation: $chosen (score $chosen_score)"
+# Question by question on the validation split: GRPO's best version against
+# SFT's, with the paired interval (a gain inside the noise shows as such).
+"$bin/sleuth" compare --metric score --against sft "sft=$(best_validation_id sft)" \
+  "$chosen=$(best_validation_id "$chosen")" | tee "$work/validation-table.txt"
 if ((validation_only)); then
   say "done in $(elapsed) (--validation-only: nothing evaluated on the test split)"
   exit 0

@@ -139,6 +139,21 @@ pub(crate) struct Outcome {
     pub per_task: BTreeMap<String, BTreeMap<String, f64>>,
 }
 
+impl Outcome {
+    /// `job` succeeded with this outcome: its metrics, and each task's
+    /// (every metric, and nDCG@10 alone where the reward records it).
+    pub fn succeeded(self, job: &mut Evaluation) {
+        let Outcome { metrics, per_task } = self;
+        job.metrics = metrics;
+        job.per_task_ndcg = ndcg_by_task(&per_task).into_iter().collect();
+        job.per_task = per_task
+            .into_iter()
+            .map(|(task, metrics)| (task, TaskMetrics { metrics: metrics.into_iter().collect() }))
+            .collect();
+        job.status = RunStatus::Succeeded as i32;
+    }
+}
+
 #[derive(Clone)]
 pub struct Evaluator {
     pub tools: Option<ToolGatewayClient<MeshChannel>>,
@@ -199,15 +214,7 @@ impl Evaluator {
         tokio::spawn(async move {
             let result = evaluator.run(&id, contender, tasks, &request, &scorer, None).await;
             evaluator.jobs.finish(&id, |job| match result {
-                Ok(Outcome { metrics, per_task }) => {
-                    job.metrics = metrics;
-                    job.per_task_ndcg = ndcg_by_task(&per_task).into_iter().collect();
-                    job.per_task = per_task
-                        .into_iter()
-                        .map(|(task, metrics)| (task, TaskMetrics { metrics: metrics.into_iter().collect() }))
-                        .collect();
-                    job.status = RunStatus::Succeeded as i32;
-                }
+                Ok(outcome) => outcome.succeeded(job),
                 Err(error) => {
                     tracing::error!(evaluation = %id, %error, "evaluation failed");
                     job.status = RunStatus::Failed as i32;

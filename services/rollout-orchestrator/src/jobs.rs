@@ -1,7 +1,8 @@
 //! Evaluation jobs: at most [`MAX_RUNNING`] at once, at most [`MAX_KEPT`]
 //! in memory, and each finished one kept on disk (`<report_dir>/<id>.evaluation.pb`),
 //! so `GetEvaluation` answers for it after it leaves memory or the
-//! orchestrator restarts. A job that was running when the orchestrator
+//! orchestrator restarts. Runs' validations are kept the same way, so two
+//! versions compare pairwise like any two evaluations (`sleuth compare`). A job that was running when the orchestrator
 //! stopped has no file: it is reported as unknown, never as finished.
 
 use std::collections::BTreeMap;
@@ -66,7 +67,9 @@ impl Jobs {
             let Some(job) = kept.get_mut(id) else { return };
             change(job);
             let finished = job.clone();
-            // Ids are time-ordered: the first finished ones are the oldest.
+            // `Evaluate`'s ids are time-ordered, so its oldest jobs leave
+            // first; a validation's id is not, which costs no more than a
+            // read from disk: every finished job stays there.
             let surplus = kept.len().saturating_sub(MAX_KEPT);
             let leaving: Vec<String> =
                 kept.iter().filter(|(_, j)| !running(j)).map(|(id, _)| id.clone()).take(surplus).collect();
@@ -78,6 +81,14 @@ impl Jobs {
         if let Err(error) = self.write(&finished) {
             tracing::error!(evaluation = id, %error, "the finished evaluation was not kept on disk");
         }
+    }
+
+    /// Keeps `job`, which finished outside the job queue (a run's
+    /// validation), so `GetEvaluation` answers for it as for any other.
+    pub fn keep(&self, job: Evaluation) {
+        let id = job.evaluation_id.clone();
+        self.kept.lock().expect("jobs").insert(id.clone(), job);
+        self.finish(&id, |_| {});
     }
 
     /// Written beside the reports, through a temporary file and a rename,
@@ -138,6 +149,21 @@ mod tests {
         assert_eq!(restarted.get("eval-0001").unwrap(), None);
         let error = restarted.get("../../etc/passwd").unwrap_err();
         assert!(error.contains("evaluation_id"), "{error}");
+    }
+
+    #[test]
+    fn a_kept_validation_is_answered_like_a_job_and_takes_no_running_slot() {
+        let dir = tempfile::tempdir().unwrap();
+        let jobs = Jobs::new(dir.path().to_owned());
+        for i in 0..MAX_RUNNING {
+            jobs.begin(job(&format!("eval-{i:04}"))).unwrap();
+        }
+        let mut validation = job("sft-validation-v20");
+        validation.status = RunStatus::Succeeded as i32;
+        jobs.keep(validation.clone());
+        assert_eq!(jobs.get("sft-validation-v20").unwrap(), Some(validation.clone()));
+        let restarted = Jobs::new(dir.path().to_owned());
+        assert_eq!(restarted.get("sft-validation-v20").unwrap(), Some(validation));
     }
 
     #[test]

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use crate::scoring::Scorer;
 use sleuth_proto::common::v1::{SamplingParams, Task};
-use sleuth_proto::rollout::v1::{EvaluateRequest, RunSpec, Validation};
+use sleuth_proto::rollout::v1::{EvaluateRequest, Evaluation, RunSpec, Validation};
 use sleuth_store::trajectories;
 use tokio::sync::watch;
 
@@ -172,10 +172,16 @@ impl Validator {
     async fn validate(&self, version: u64) -> Result<(), String> {
         let id = format!("{}-validation-v{version}", self.run_id);
         tracing::info!(run = %self.run_id, version, tasks = self.tasks.len(), "validating");
-        let crate::evaluate::Outcome { metrics, .. } = self
+        let outcome = self
             .evaluator
             .run(&id, Contender::Policy, self.tasks.clone(), &self.request, &self.scorer, Some(&self.run_id))
             .await?;
+        let metrics = outcome.metrics.clone();
+        let tasks = self.tasks.len() as u64;
+        let mut job =
+            Evaluation { evaluation_id: id.clone(), tasks_done: tasks, tasks_total: tasks, ..Default::default() };
+        outcome.succeeded(&mut job);
+        self.evaluator.jobs.keep(job);
         let score = metrics.get(sleuth_metrics::validation::CHOSEN_BY).copied().unwrap_or_default();
         tracing::info!(run = %self.run_id, version, score, headline = self.scorer.reward().headline(), "validated");
         // Turns are served by the run's current weights or newer, so the
