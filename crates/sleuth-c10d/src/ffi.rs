@@ -32,6 +32,7 @@ unsafe extern "C" {
         bind_host: *const c_char,
     ) -> *mut c_char;
     pub fn sleuth_c10d_free_group(group: *mut Group);
+    pub fn sleuth_c10d_abort(group: *mut Group) -> *mut c_char;
     pub fn sleuth_c10d_all_gather(group: *mut Group, output: *mut C_tensor, input: *mut C_tensor) -> *mut c_char;
     pub fn sleuth_c10d_reduce_scatter(group: *mut Group, output: *mut C_tensor, input: *mut C_tensor) -> *mut c_char;
     pub fn sleuth_c10d_all_reduce(group: *mut Group, tensor: *mut C_tensor, op: c_int) -> *mut c_char;

@@ -238,7 +238,17 @@ impl ProcessGroup {
     /// The error for a failed `op`, after a roll call in the store names the
     /// ranks that are gone (every surviving rank of a failed collective
     /// takes part; a rank that does not answer within the grace is gone).
+    ///
+    /// The rank first aborts its process group: a peer blocked on it (a ring
+    /// step waiting for what this rank will never send) fails at once and
+    /// answers the roll call, instead of at the peer timeout, after the
+    /// grace, when it would be named gone though alive. The group takes no
+    /// collective after that.
     fn failed(&mut self, op: &'static str, message: String) -> CollectiveError {
+        // SAFETY: the group is live until drop.
+        if let Some(why) = taken(unsafe { ffi::sleuth_c10d_abort(self.group) }) {
+            tracing::warn!(%why, "the process group did not abort cleanly");
+        }
         self.failures += 1;
         let roll = format!("sleuth/roll/{}", self.failures);
         let grace = self.peer_timeout.min(Duration::from_secs(10));
@@ -291,6 +301,10 @@ impl ProcessGroup {
         call: impl FnOnce(*mut ffi::Group) -> *mut std::os::raw::c_char,
     ) -> Result<(), CollectiveError> {
         self.check(op, tensors)?;
+        if self.failures > 0 {
+            let message = "the process group was aborted when an earlier collective failed; join a new one".into();
+            return Err(CollectiveError::Usage { op, message });
+        }
         match taken(call(self.group)) {
             None => Ok(()),
             Some(message) => Err(self.failed(op, message)),

@@ -34,7 +34,8 @@ pub enum CollectiveError {
     /// roll call taken after the failure (rank 0 when its store is gone).
     #[error("{op} failed on rank {rank}{}: {message}", gone_ranks(.gone))]
     Failed { op: &'static str, rank: usize, gone: Vec<usize>, message: String },
-    /// The caller passed tensors the collective cannot take.
+    /// The caller asked what the group cannot do: tensors the collective
+    /// cannot take, or a collective after an earlier one failed.
     #[error("{op}: {message}")]
     Usage { op: &'static str, message: String },
 }

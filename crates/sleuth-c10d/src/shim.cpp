@@ -42,6 +42,14 @@ char* guarded(F body) {
   }
 }
 
+// The group's backend; none after sleuth_c10d_abort.
+c10d::Backend* backend(Group* g) {
+  if (!g->backend) {
+    throw std::runtime_error("the process group was aborted after an earlier collective failed");
+  }
+  return g->backend.get();
+}
+
 void finish(Group* g, const c10::intrusive_ptr<c10d::Work>& work) {
   if (!work->wait(g->timeout)) {
     throw std::runtime_error("the collective did not complete within the timeout");
@@ -58,8 +66,8 @@ void finish(Group* g, const c10::intrusive_ptr<c10d::Work>& work) {
 // all-reduce followed by a copy of the chunk, half as many bytes again.
 // `input` is only read; the partial sums live in two chunk-sized buffers.
 void ring_reduce_scatter(Group* g, at::Tensor& output, const at::Tensor& input) {
-  const int rank = g->backend->getRank();
-  const int world = g->backend->getSize();
+  const int rank = backend(g)->getRank();
+  const int world = backend(g)->getSize();
   const int64_t chunk = output.numel();
   const auto flat = input.reshape({-1});
   auto part = [&](int index) { return flat.narrow(0, int64_t((index % world + world) % world) * chunk, chunk); };
@@ -75,8 +83,8 @@ void ring_reduce_scatter(Group* g, at::Tensor& output, const at::Tensor& input) 
   for (int step = 0; step < world - 1; ++step) {
     std::vector<at::Tensor> outgoing{carry};
     std::vector<at::Tensor> incoming{received};
-    auto sent = g->backend->send(outgoing, next, step);
-    auto got = g->backend->recv(incoming, previous, step);
+    auto sent = backend(g)->send(outgoing, next, step);
+    auto got = backend(g)->recv(incoming, previous, step);
     finish(g, got);
     finish(g, sent);
     // What came in is the previous rank's partial sum of this chunk.
@@ -157,13 +165,27 @@ char* sleuth_c10d_start(sleuth_c10d_group* g, int rank, int world, int64_t timeo
   });
 }
 
+// Ends the process group's part in every collective: NCCL aborts its
+// communicators; Gloo's connections close when the backend goes. A peer
+// blocked on this rank (a ring step waiting for what this rank will never
+// send) then fails at once instead of at the timeout. The store stays, for
+// the roll call after the failure.
+char* sleuth_c10d_abort(sleuth_c10d_group* g) {
+  return guarded([&] {
+    if (g->backend) {
+      g->backend->abort();
+      g->backend.reset();
+    }
+  });
+}
+
 void sleuth_c10d_free_group(sleuth_c10d_group* g) {
   delete g;
 }
 
 // output: world x input's elements, rank order.
 char* sleuth_c10d_all_gather(sleuth_c10d_group* g, at::Tensor* output, at::Tensor* input) {
-  return guarded([&] { finish(g, g->backend->_allgather_base(*output, *input)); });
+  return guarded([&] { finish(g, backend(g)->_allgather_base(*output, *input)); });
 }
 
 // The element-wise sum over ranks of `input` (world x output's elements),
@@ -171,10 +193,10 @@ char* sleuth_c10d_all_gather(sleuth_c10d_group* g, at::Tensor* output, at::Tenso
 // sends and receives through Gloo.
 char* sleuth_c10d_reduce_scatter(sleuth_c10d_group* g, at::Tensor* output, at::Tensor* input) {
   return guarded([&] {
-    if (dynamic_cast<c10d::ProcessGroupGloo*>(g->backend.get()) != nullptr) {
+    if (dynamic_cast<c10d::ProcessGroupGloo*>(backend(g)) != nullptr) {
       ring_reduce_scatter(g, *output, *input);
     } else {
-      finish(g, g->backend->_reduce_scatter_base(*output, *input));
+      finish(g, backend(g)->_reduce_scatter_base(*output, *input));
     }
   });
 }
@@ -185,7 +207,7 @@ char* sleuth_c10d_all_reduce(sleuth_c10d_group* g, at::Tensor* tensor, int op) {
     std::vector<at::Tensor> tensors{*tensor};
     c10d::AllreduceOptions options;
     options.reduceOp = op == 1 ? c10d::ReduceOp(c10d::ReduceOp::MAX) : c10d::ReduceOp(c10d::ReduceOp::SUM);
-    finish(g, g->backend->allreduce(tensors, options));
+    finish(g, backend(g)->allreduce(tensors, options));
   });
 }
 
@@ -194,12 +216,12 @@ char* sleuth_c10d_broadcast(sleuth_c10d_group* g, at::Tensor* tensor, int root) 
     std::vector<at::Tensor> tensors{*tensor};
     c10d::BroadcastOptions options;
     options.rootRank = root;
-    finish(g, g->backend->broadcast(tensors, options));
+    finish(g, backend(g)->broadcast(tensors, options));
   });
 }
 
 char* sleuth_c10d_barrier(sleuth_c10d_group* g) {
-  return guarded([&] { finish(g, g->backend->barrier()); });
+  return guarded([&] { finish(g, backend(g)->barrier()); });
 }
 
 char* sleuth_c10d_store_set(sleuth_c10d_group* g, const char* key, const uint8_t* data, size_t len) {

@@ -126,7 +126,11 @@ fn four_ranks_reduce_scatter_to_what_one_rank_sums() {
 
 /// A rank that leaves (its group dropped, its connections closed) fails the
 /// next collective on every other rank, and each names it: an all-reduce
-/// (Gloo's own) and a reduce-scatter (the shim's ring).
+/// (Gloo's own) and a reduce-scatter (the shim's ring). It leaves at once,
+/// or once the others are inside the collective: then a survivor may be
+/// blocked on the other survivor (in the ring, rank 1 waits for rank 0's
+/// next step, which never comes), and only the failing rank's abort frees
+/// it in time for the roll call; without it rank 1 was named gone too.
 #[test]
 fn a_rank_gone_mid_run_is_named_by_every_other_rank() {
     fn all_reduce(group: &mut ProcessGroup) -> Result<(), CollectiveError> {
@@ -136,20 +140,26 @@ fn a_rank_gone_mid_run_is_named_by_every_other_rank() {
         let input = Tensor::ones([6], (Kind::Float, Device::Cpu));
         group.reduce_scatter_sum(&Tensor::zeros([2], (Kind::Float, Device::Cpu)), &input)
     }
-    for (name, op) in [("all_reduce", all_reduce as fn(&mut ProcessGroup) -> _), ("reduce_scatter", reduce_scatter)] {
+    let ops = [("all_reduce", all_reduce as fn(&mut ProcessGroup) -> _), ("reduce_scatter", reduce_scatter)];
+    for ((name, op), delay) in ops.into_iter().flat_map(|op| [(op, 0), (op, 300)]) {
         let errors = ranks(3, move |mut group| {
             op(&mut group).unwrap();
             if group.rank() == 2 {
+                std::thread::sleep(Duration::from_millis(delay));
                 drop(group);
                 return None;
             }
-            Some(op(&mut group).unwrap_err())
+            let error = op(&mut group).unwrap_err();
+            // The group takes nothing more, and says why.
+            let after = op(&mut group).unwrap_err().to_string();
+            assert!(after.contains("aborted when an earlier collective failed"), "{name}: {after}");
+            Some(error)
         });
         for (rank, error) in errors.into_iter().enumerate().take(2) {
             let error = error.unwrap();
             assert!(
                 matches!(&error, CollectiveError::Failed { gone, .. } if gone == &[2]),
-                "{name}, rank {rank}: {error}"
+                "{name}, rank 2 leaving after {delay} ms, rank {rank}: {error}"
             );
             assert!(error.to_string().contains("rank 2 is gone"), "{name}: {error}");
         }
