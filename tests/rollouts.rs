@@ -682,9 +682,13 @@ async fn policy_replicas_join_and_leave_the_gateway_through_kubernetes() -> Resu
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
-    // Its pod terminates (unready, then gone) and another one becomes ready.
+    // Its pod terminates (unready, then gone) and another one becomes ready:
+    // ready as Kubernetes' readiness probe says, once its model is loaded
+    // (the server's health includes that), not merely started. Listed
+    // earlier, it refused the turns under load ("the model is still loading").
     api.set_slice("policy", "policy-a", "grpc", port(&first)?, &[("127.0.0.1", false)]);
     first.kill()?;
+    sleuth_testkit::service::wait_serving(&second.addr, "sleuth.policy.v1.PolicyServer").await?;
     api.set_slice("policy", "policy-b", "grpc", port(&second)?, &[("127.0.0.1", true)]);
     eventually("the gateway following", Duration::from_secs(20), || {
         let log = gateway.log();
