@@ -2,7 +2,10 @@
 # Trains a search agent for a BEIR collection with the whole recipe on a
 # local mesh, and shows whether it got better:
 #
-#   1. index the collection (BM25; --vectors or --hybrid-row add vector search);
+#   1. index the collection (BM25; --vectors or --hybrid-row add vector search),
+#      and choose the agent's opening search on the validation split: the
+#      search of the question (BM25, BM25+RM3, with vectors hybrid) whose
+#      nDCG@10 there is highest;
 #   2. the base policy: --policy DIR, or a fresh tiny one made for the
 #      collection (`learner init-policy` with copy pre-training);
 #   3. start the mesh (Redis, orchestrator, agent worker, tool gateway,
@@ -11,9 +14,9 @@
 #      a teacher plays (`agent.teacher`: the scripted mixture, or --teacher), trained on each
 #      question's best (rejection sampling) rewarded at least `sft_min_reward`, with copy pre-training's
 #      conversations rehearsed in every step, validated every few steps;
-#      every episode opens with BM25 on the question (`agent.opening_search`),
-#      so each turn chooses between following a bridge named in the results
-#      and submitting;
+#      every episode opens with the chosen search of the question
+#      (`agent.opening_search`), so each turn chooses between following a
+#      bridge named in the results and submitting;
 #   5. GRPO on the other half, from the SFT run's best validated checkpoint
 #      (`policy.from_run`), the policy's own episodes, validated every few steps;
 #      with several --grpo settings, one run per setting, and the table's GRPO
@@ -39,8 +42,10 @@
 #   --work DIR          where everything goes (default: a new temporary directory)
 #   --vectors           index for vector search too (embeds every document: minutes)
 #                       and offer the agent vector_search
-#   --hybrid-row        index for vector search too, only for the table's hybrid
-#                       row (hybrid search on the question); the agent keeps BM25
+#   --hybrid-row        index for vector search too, for the table's hybrid row
+#                       (hybrid search on the question) and as a candidate opening search
+#   --opening-search T  the agent's opening search: bm25_search, rm3_search or
+#                       hybrid_search (default: whichever scores best on validation)
 #   --copy-steps N      copy pre-training steps of the fresh policy (default 800)
 #   --train-limit N     train questions used (default 0: all)
 #   --eval-limit N      validation and test questions used (default 0: all)
@@ -68,7 +73,7 @@ source "$(dirname "$0")/mesh.sh"
 
 source="" collection="" policy="" work="" vectors=0 index_vectors=0
 copy_steps=800 train_limit=0 eval_limit=0 sft_epochs=2 grpo_epochs=2 task=ranking
-grpo_settings=3e-4:1.0:0.7 validation_only=0 teacher=mixture
+grpo_settings=3e-4:1.0:0.7 validation_only=0 teacher=mixture opening=""
 usage() { sed -n '2,/^set -euo/{/^#/p}' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 while (($#)); do
   case "$1" in
@@ -87,6 +92,7 @@ while (($#)); do
     --validation-only) validation_only=1; shift ;;
     --task) task="$2"; shift 2 ;;
     --teacher) teacher="$2"; shift 2 ;;
+    --opening-search) opening="$2"; shift 2 ;;
     -h|--help) usage ;;
     *) echo "unknown option $1" >&2; usage ;;
   esac
@@ -103,23 +109,28 @@ done
 for split in train test; do
   [[ -f "$source/qrels/$split.tsv" ]] || { echo "--source $source has no qrels/$split.tsv" >&2; exit 2; }
 done
+case "$opening" in
+  ''|bm25_search|rm3_search) ;;
+  hybrid_search) ((index_vectors)) || { echo "--opening-search hybrid_search needs --vectors or --hybrid-row" >&2; exit 2; } ;;
+  *) echo "--opening-search $opening: one of bm25_search, rm3_search, hybrid_search" >&2; exit 2 ;;
+esac
 source="$(realpath "$source")"
-# The agent's tools: BM25 (and vector search with --vectors) and the answer
-# tool. The fresh policy is pre-trained with exactly these in its prompt.
-tools=bm25_search
-((vectors)) && tools+=,vector_search
 # The run's reward, the metrics its table compares, and the metric that
 # chooses the scripted baseline on validation (`score`: the reward's
 # headline metric, nDCG@10 for rankings).
 case "$task" in
   ranking) reward=ndcg@10 metrics=(ndcg@10) ;;
-  answer) tools+=,submit_answer reward=answer+citations metrics=(answer_f1 citation_f1 answer+citations) ;;
+  answer) reward=answer+citations metrics=(answer_f1 citation_f1 answer+citations) ;;
   *) echo "--task $task: one of ranking, answer" >&2; exit 2 ;;
 esac
 work="$(realpath -m "${work:-$(mktemp -d -t sleuth-train-XXXXXX)}")"
 mkdir -p "$work"
 started=$(date +%s)
 elapsed() { local s=$(( $(date +%s) - started )); printf '%d:%02d' $((s / 60)) $((s % 60)); }
+# Whether the score $1 is above $2 (decimals, so not bash arithmetic).
+above() {
+  awk -v a="$1" -v b="$2" 'BEGIN {exit !(a > b)}'
+}
 say "working in $work (logs, checkpoints, evaluations)"
 
 # The task sets (`sleuth data divide`): trajectory SFT and GRPO learn from
@@ -142,6 +153,32 @@ index_flags=()
 ((index_vectors)) && index_flags+=(--vectors)
 "$bin/tool-gateway" index --source "$source" --out "$work/index" --name "$collection" "${index_flags[@]}"
 
+# The opening search: the search of the question a practitioner would try
+# first, chosen by its nDCG@10 on the validation split (every judged
+# validation question), so the agent starts from the best of them on this
+# collection (BM25+RM3 suits some collections, hybrid others) and its turns
+# only have to add to it.
+if [[ -z "$opening" ]]; then
+  candidates=(bm25 rm3)
+  ((index_vectors)) && candidates+=(hybrid)
+  best_opening_score=-1
+  for method in "${candidates[@]}"; do
+    score="$("$bin/tool-gateway" evaluate --index "$work/index" --source "$tasks" --split validation --method "$method" \
+      | grep -o 'nDCG@10 [0-9.]*' | cut -d' ' -f2)"
+    say "[$(elapsed)] ${method}_search of the question: validation nDCG@10 $score"
+    [[ -n "$score" ]] || { say "tool-gateway evaluate --method $method printed no nDCG@10"; exit 1; }
+    above "$score" "$best_opening_score" && opening="${method}_search" best_opening_score="$score"
+  done
+fi
+say "the agent's opening search: $opening"
+# The agent's tools: BM25, the opening search, vector search with --vectors,
+# and the answer tool. The fresh policy is pre-trained with exactly these in
+# its prompt.
+tools=bm25_search
+[[ "$opening" != bm25_search ]] && tools+=",$opening"
+((vectors)) && tools+=,vector_search
+[[ "$task" == answer ]] && tools+=,submit_answer
+
 if [[ -z "$policy" ]]; then
   policy="$work/base"
   say "[$(elapsed)] making a fresh tiny policy for $collection ($copy_steps steps of copy pre-training)"
@@ -152,6 +189,8 @@ policy="$(realpath "$policy")"
 
 mesh_init "$work"
 export SLEUTH_MODEL="$policy" SLEUTH_COLLECTIONS="$collection=$work/index" SLEUTH_ORCHESTRATOR="$orchestrator"
+# The gateway may offer every search; each run's `agent.tools` says which its agent sees.
+export SLEUTH_RM3_TOOL=true SLEUTH_HYBRID_TOOL=true
 for name in rollout-orchestrator agent tool-gateway inference-gateway policy-server; do
   mesh_start "$name"
 done
@@ -217,7 +256,7 @@ spec sft sft 8 "max_epochs: $sft_epochs
 agent:
   budget: {max_turns: 5, max_new_tokens_per_turn: 96, max_episode_tokens: 6144, observation_char_cap: 2000}
   tools: [$tools]
-  opening_search: bm25_search
+  opening_search: $opening
   sampling: {seed: 1}
   teacher: $teacher
 training: {learning_rate: 2.0e-3, lr_schedule: cosine, checkpoint_every: 10, eval_every: 10, sft_min_reward: 0.3, copy_rehearsal: 48}"
@@ -233,11 +272,6 @@ if [[ "$task" == ranking ]]; then
   evaluate rm3 --contender rm3
   ((index_vectors)) && evaluate hybrid --contender hybrid
 fi
-# Whether the score $1 is above $2 (decimals, so not bash arithmetic).
-above() {
-  awk -v a="$1" -v b="$2" 'BEGIN {exit !(a > b)}'
-}
-
 best_strategy="" best_score=-1
 for strategy in bm25:0 bm25:1 bm25:2; do
   say "[$(elapsed)] scripted $strategy on the validation split"
@@ -271,7 +305,7 @@ policy: {from_run: sft}
 agent:
   budget: {max_turns: 5, max_new_tokens_per_turn: 96, max_episode_tokens: 6144, observation_char_cap: 2000}
   tools: [$tools]
-  opening_search: bm25_search
+  opening_search: $opening
   sampling: {temperature: $4, seed: 2}
 training: {advantage: grpo, loss: ppo, learning_rate: $2, kl_coef: $3, checkpoint_every: 5, eval_every: 5}"
 }

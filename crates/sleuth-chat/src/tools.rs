@@ -9,6 +9,9 @@ use serde_json::{Value as Json, json};
 pub const BM25_SEARCH: &str = "bm25_search";
 pub const VECTOR_SEARCH: &str = "vector_search";
 pub const HYBRID_SEARCH: &str = "hybrid_search";
+/// BM25 with RM3 pseudo-relevance feedback: the query expanded with the
+/// words that characterise its first hits.
+pub const RM3_SEARCH: &str = "rm3_search";
 pub const READ_DOCUMENT: &str = "read_document";
 /// The tool the agent answers with a ranking of documents.
 pub const SUBMIT_RANKING: &str = "submit_ranking";
@@ -19,7 +22,7 @@ pub const SUBMIT_ANSWER: &str = "submit_answer";
 pub const ANSWER_TOOLS: [&str; 2] = [SUBMIT_RANKING, SUBMIT_ANSWER];
 
 /// The search tools, in the order a collection lists them.
-pub const SEARCH_TOOLS: [&str; 3] = [BM25_SEARCH, VECTOR_SEARCH, HYBRID_SEARCH];
+pub const SEARCH_TOOLS: [&str; 4] = [BM25_SEARCH, RM3_SEARCH, VECTOR_SEARCH, HYBRID_SEARCH];
 
 /// Hits a search call may ask for.
 pub const MAX_TOOL_K: u64 = 50;
@@ -43,6 +46,13 @@ impl ToolSchema {
                 BM25_SEARCH,
                 "Keyword search (BM25) over the document collection. Best for exact terms, names, \
                  identifiers and rare words. Returns document ids, titles and snippets.",
+                search_parameters(),
+            ),
+            RM3_SEARCH => (
+                RM3_SEARCH,
+                "Keyword search (BM25) with the query expanded by the words that characterise its first \
+                 hits (RM3 pseudo-relevance feedback), so it also finds documents that share few words \
+                 with the query. Returns document ids, titles and snippets.",
                 search_parameters(),
             ),
             VECTOR_SEARCH => (

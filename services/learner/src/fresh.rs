@@ -21,7 +21,9 @@ use std::path::{Path, PathBuf};
 use serde_json::json;
 use sleuth_beir::Document;
 use sleuth_chat::tool_calls::{CLOSE, OPEN};
-use sleuth_chat::tools::{READ_DOCUMENT, SEARCH_TOOLS, SUBMIT_ANSWER, SUBMIT_RANKING};
+use sleuth_chat::tools::{
+    BM25_SEARCH, HYBRID_SEARCH, READ_DOCUMENT, RM3_SEARCH, SUBMIT_ANSWER, SUBMIT_RANKING, VECTOR_SEARCH,
+};
 use sleuth_model::export::{TinyShape, llama_config, write_random};
 use tokenizers::decoders::DecoderWrapper;
 use tokenizers::models::ModelWrapper;
@@ -144,8 +146,7 @@ pub fn init_policy(args: &FreshArgs) -> Result<Fresh, Error> {
         return Err(invalid(format!("--copy-lr {} must be a positive number", args.copy_lr)));
     }
     let (documents, questions, texts) = collection_text(&args.collection, &args.split)?;
-    let in_words = args.tools.iter().any(|t| t == SUBMIT_ANSWER);
-    let tokenizer = train_tokenizer(&texts, args.vocab_size as usize, in_words)?;
+    let tokenizer = train_tokenizer(&texts, args.vocab_size as usize, &args.tools)?;
     let scratch = tempfile::tempdir().map_err(|e| Error::Train(e.to_string()))?;
     write_tokenizer_files(&tokenizer, scratch.path())?;
     let id = |token: &str| tokenizer.token_to_id(token);
@@ -197,9 +198,9 @@ fn collection_text(collection: &Path, split: &str) -> Result<CollectionText, Err
 }
 
 /// A byte-level BPE of `vocab_size` tokens over `texts`: lossless on any
-/// text (every byte is a token), with the chat template's control tokens;
-/// `in_words`: `submit_answer` is a whole token too.
-fn train_tokenizer(texts: &[String], vocab_size: usize, in_words: bool) -> Result<Tokenizer, Error> {
+/// text (every byte is a token), with the chat template's control tokens
+/// and the protocol's words, among them the names of the offered `tools`.
+fn train_tokenizer(texts: &[String], vocab_size: usize, tools: &[String]) -> Result<Tokenizer, Error> {
     let failed = |e: tokenizers::Error| Error::Train(format!("training the tokenizer: {e}"));
     let byte_level = ByteLevel::new(false, true, true);
     let mut tokenizer: TokenizerImpl<
@@ -222,13 +223,13 @@ fn train_tokenizer(texts: &[String], vocab_size: usize, in_words: bool) -> Resul
     // letters (`s ub m it _ ran k ing`, `b m 25 _ s e arch`), the name was
     // a run of choices, and GRPO mixed them (measured: `submit_search`,
     // an unknown tool, after three steps).
+    // Tools that came later are tokens only for a policy offered them, so
+    // the vocabulary of a policy without them stays as it was.
+    let offered = |name: &&str| tools.iter().any(|t| t == name);
     let protocol: Vec<AddedToken> = [OPEN, CLOSE]
         .into_iter()
-        .chain(SEARCH_TOOLS)
-        .chain([READ_DOCUMENT, SUBMIT_RANKING])
-        // Only for a policy that answers in words, so a ranking policy's
-        // vocabulary stays as it was.
-        .chain(in_words.then_some(SUBMIT_ANSWER))
+        .chain([BM25_SEARCH, VECTOR_SEARCH, HYBRID_SEARCH, READ_DOCUMENT, SUBMIT_RANKING])
+        .chain([SUBMIT_ANSWER, RM3_SEARCH].into_iter().filter(offered))
         .map(|t| AddedToken::from(t, false))
         .collect();
     let mut trainer: TrainerWrapper = BpeTrainerBuilder::new()
@@ -272,4 +273,22 @@ fn parameter_count(dir: &Path) -> Result<i64, Error> {
     let tensors =
         tch::Tensor::read_safetensors(dir.join("model.safetensors")).map_err(sleuth_model::ModelError::from)?;
     Ok(tensors.iter().map(|(_, t)| t.numel() as i64).sum())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_later_tool_is_one_token_only_for_a_policy_offered_it() {
+        let texts = vec![PROTOCOL.to_owned(); 4];
+        let tokens = |tools: &[&str], text: &str| {
+            let tools: Vec<String> = tools.iter().map(|t| (*t).to_owned()).collect();
+            let tokenizer = train_tokenizer(&texts, 400, &tools).unwrap();
+            tokenizer.encode(text, false).unwrap().get_ids().len()
+        };
+        assert_eq!(tokens(&["bm25_search"], BM25_SEARCH), 1);
+        assert!(tokens(&["bm25_search"], RM3_SEARCH) > 1, "a policy not offered rm3_search keeps its vocabulary");
+        assert_eq!(tokens(&["bm25_search", "rm3_search"], RM3_SEARCH), 1);
+    }
 }

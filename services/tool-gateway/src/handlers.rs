@@ -19,7 +19,7 @@ use crate::embed::batcher::Embedder;
 use crate::error::Error;
 use crate::index::{self, BuildProgress};
 use crate::storage;
-use crate::tools::{self, MAX_QUERY_CHARS, ToolCall};
+use crate::tools::{self, HYBRID_SEARCH, MAX_QUERY_CHARS, RM3_SEARCH, ToolCall};
 use crate::vectors::VectorSearch;
 
 /// Largest `k` of the typed Search RPC.
@@ -40,8 +40,13 @@ pub struct Handlers {
     pub s3: S3Args,
     /// Query embeddings for vector search; None when no embedding model is configured.
     pub embedder: Option<Embedder>,
-    /// Offer the `hybrid_search` tool on collections with embeddings.
-    pub hybrid_tool: bool,
+    /// The tools offered beside BM25 search and document reads.
+    pub optional_tools: tools::Optional,
+}
+
+/// The refusal of an optional tool this gateway was not asked to offer.
+fn not_enabled(tool: &str) -> Status {
+    Error::InvalidArgument(format!("unknown tool {tool:?} (not enabled on this gateway; see ListTools)")).into()
 }
 
 /// Runs blocking work (searches, index builds, file copies) off the async runtime.
@@ -91,7 +96,7 @@ impl ToolGateway for Handlers {
         request: Request<pb::ListToolsRequest>,
     ) -> Result<Response<pb::ListToolsResponse>, Status> {
         let collection = self.collections.get(&request.into_inner().collection)?;
-        let specs = tools::specs(&collection, self.hybrid_tool);
+        let specs = tools::specs(&collection, self.optional_tools);
         let openai_tools_json = tools::openai_tools_json(&specs);
         Ok(Response::new(pb::ListToolsResponse { tools: specs, openai_tools_json }))
     }
@@ -353,16 +358,12 @@ impl Handlers {
         }
         let depth = request.ranking_depth as usize;
         let vector = match &call {
-            ToolCall::HybridSearch { .. } if !self.hybrid_tool => {
-                return Err(Error::InvalidArgument(
-                    "unknown tool \"hybrid_search\" (not enabled on this gateway; see ListTools)".to_owned(),
-                )
-                .into());
-            }
+            ToolCall::Rm3Search { .. } if !self.optional_tools.rm3 => return Err(not_enabled(RM3_SEARCH)),
+            ToolCall::HybridSearch { .. } if !self.optional_tools.hybrid => return Err(not_enabled(HYBRID_SEARCH)),
             ToolCall::VectorSearch { query, .. } | ToolCall::HybridSearch { query, .. } => {
                 Some(self.query_vector(&collection, query).await?)
             }
-            ToolCall::Bm25Search { .. } | ToolCall::ReadDocument { .. } => None,
+            ToolCall::Bm25Search { .. } | ToolCall::Rm3Search { .. } | ToolCall::ReadDocument { .. } => None,
         };
         let searched = collection.clone();
         let with_stats = request.word_stats;

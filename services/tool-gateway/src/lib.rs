@@ -86,6 +86,11 @@ pub struct Config {
     #[arg(long, env = "SLEUTH_HYBRID_TOOL")]
     pub hybrid_tool: bool,
 
+    /// Also offer `rm3_search` (BM25 with RM3 pseudo-relevance feedback) as
+    /// a tool.
+    #[arg(long, env = "SLEUTH_RM3_TOOL")]
+    pub rm3_tool: bool,
+
     #[command(flatten)]
     pub s3: S3Args,
 
@@ -137,7 +142,7 @@ pub async fn run(
         },
         s3: config.s3.clone(),
         embedder,
-        hybrid_tool: config.hybrid_tool,
+        optional_tools: tools::Optional { rm3: config.rm3_tool, hybrid: config.hybrid_tool },
     };
     let service =
         GrpcService::new(sleuth_kit::sized!(ToolGatewayServer::new(handlers))).with_probe(readiness).with_scope(

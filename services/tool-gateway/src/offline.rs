@@ -136,7 +136,7 @@ pub struct EvaluateArgs {
     /// Retriever to evaluate.
     #[arg(long, value_enum, default_value = "bm25")]
     pub method: Retriever,
-    /// Embedding model directory for --method vector; default: the venv's all-MiniLM-L6-v2.
+    /// Embedding model directory for --method vector or hybrid; default: the venv's all-MiniLM-L6-v2.
     #[arg(long, env = "SLEUTH_EMBEDDING_MODEL")]
     pub embedding_model: Option<PathBuf>,
 }
@@ -147,6 +147,8 @@ pub enum Retriever {
     /// BM25 with RM3 pseudo-relevance feedback (`crate::rm3`).
     Rm3,
     Vector,
+    /// BM25 and vector search fused by reciprocal rank (as `hybrid_search`).
+    Hybrid,
 }
 
 /// Depth of the rankings evaluated and written.
@@ -159,7 +161,7 @@ pub fn evaluate(args: EvaluateArgs) -> Result<(), Error> {
     let queries = beir.queries(BadLines::Fail)?;
     let judged: Vec<_> = queries.iter().filter(|q| qrels.contains_key(&q.id)).collect();
     let embedder = match args.method {
-        Retriever::Vector => Some(encoder(args.embedding_model)?),
+        Retriever::Vector | Retriever::Hybrid => Some(encoder(args.embedding_model)?),
         Retriever::Bm25 | Retriever::Rm3 => None,
     };
     let started = Instant::now();
@@ -172,10 +174,12 @@ pub fn evaluate(args: EvaluateArgs) -> Result<(), Error> {
     };
     let mut rankings = BTreeMap::new();
     for (index, query) in judged.iter().enumerate() {
-        let hits = match &query_vectors {
-            Some(vectors) => collection.vector_search(&vectors[index], RUN_DEPTH)?,
-            None if args.method == Retriever::Rm3 => collection.bm25_rm3(&query.text, RUN_DEPTH)?,
-            None => collection.bm25(&query.text, RUN_DEPTH)?,
+        let vector = || query_vectors.as_ref().map(|v| v[index].as_slice()).expect("embedded above");
+        let hits = match args.method {
+            Retriever::Bm25 => collection.bm25(&query.text, RUN_DEPTH)?,
+            Retriever::Rm3 => collection.bm25_rm3(&query.text, RUN_DEPTH)?,
+            Retriever::Vector => collection.vector_search(vector(), RUN_DEPTH)?,
+            Retriever::Hybrid => collection.hybrid(&query.text, vector(), RUN_DEPTH)?,
         };
         let ranking: Vec<(String, f64)> =
             hits.iter().map(|hit| (collection.document(hit.ordinal).id.clone(), f64::from(hit.score))).collect();

@@ -15,20 +15,35 @@ use crate::error::Error;
 use crate::index::StoredDocument;
 
 use sleuth_chat::tools::ToolSchema;
-pub use sleuth_chat::tools::{BM25_SEARCH, HYBRID_SEARCH, MAX_TOOL_K, READ_DOCUMENT, VECTOR_SEARCH};
+pub use sleuth_chat::tools::{BM25_SEARCH, HYBRID_SEARCH, MAX_TOOL_K, READ_DOCUMENT, RM3_SEARCH, VECTOR_SEARCH};
 
 const DEFAULT_TOOL_K: u64 = 10;
 /// Queries longer than this are cut (not rejected): models sometimes paste whole documents.
 pub const MAX_QUERY_CHARS: usize = 1000;
 
-/// The tools a collection offers: vector search only where it has
-/// embeddings, hybrid search only where it has them and `hybrid` is on.
-pub fn specs(collection: &Collection, hybrid: bool) -> Vec<ToolSpec> {
+/// The tools a gateway offers beside BM25 search and document reads, when
+/// switched on (so that the tools, and the prompts that list them, of a
+/// gateway that has not asked for them stay as they were).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Optional {
+    /// `rm3_search` (BM25 with RM3 pseudo-relevance feedback).
+    pub rm3: bool,
+    /// `hybrid_search` (on collections with embeddings).
+    pub hybrid: bool,
+}
+
+/// The tools a collection offers, in [`sleuth_chat::tools::SEARCH_TOOLS`]'s
+/// order: vector search only where it has embeddings, and the `optional`
+/// tools switched on (hybrid search only where it has embeddings).
+pub fn specs(collection: &Collection, optional: Optional) -> Vec<ToolSpec> {
     let vectors = collection.methods().contains(&crate::collection::Method::Vector);
     let mut names = vec![BM25_SEARCH];
+    if optional.rm3 {
+        names.push(RM3_SEARCH);
+    }
     if vectors {
         names.push(VECTOR_SEARCH);
-        if hybrid {
+        if optional.hybrid {
             names.push(HYBRID_SEARCH);
         }
     }
@@ -62,6 +77,7 @@ pub fn openai_tools_json(specs: &[ToolSpec]) -> String {
 #[derive(Debug, Clone, PartialEq)]
 pub enum ToolCall {
     Bm25Search { query: String, k: usize },
+    Rm3Search { query: String, k: usize },
     VectorSearch { query: String, k: usize },
     HybridSearch { query: String, k: usize },
     ReadDocument { doc_id: String },
@@ -70,7 +86,7 @@ pub enum ToolCall {
 /// Parses the arguments a model generated for tool `name`.
 pub fn parse_call(name: &str, arguments_json: &str) -> Result<ToolCall, Error> {
     match name {
-        BM25_SEARCH | VECTOR_SEARCH | HYBRID_SEARCH => {
+        BM25_SEARCH | RM3_SEARCH | VECTOR_SEARCH | HYBRID_SEARCH => {
             let mut args = arguments(name, arguments_json, &["query", "k"])?;
             let query = query_argument(name, &mut args)?;
             let k = match args.remove("k") {
@@ -86,6 +102,7 @@ pub fn parse_call(name: &str, arguments_json: &str) -> Result<ToolCall, Error> {
             let k = k as usize;
             Ok(match name {
                 BM25_SEARCH => ToolCall::Bm25Search { query, k },
+                RM3_SEARCH => ToolCall::Rm3Search { query, k },
                 VECTOR_SEARCH => ToolCall::VectorSearch { query, k },
                 _ => ToolCall::HybridSearch { query, k },
             })
@@ -102,7 +119,7 @@ pub fn parse_call(name: &str, arguments_json: &str) -> Result<ToolCall, Error> {
             }
         }
         other => Err(invalid(format!(
-            "unknown tool {:?} (known: {BM25_SEARCH}, {VECTOR_SEARCH}, {HYBRID_SEARCH}, {READ_DOCUMENT}; ListTools says which a collection offers)",
+            "unknown tool {:?} (known: {BM25_SEARCH}, {RM3_SEARCH}, {VECTOR_SEARCH}, {HYBRID_SEARCH}, {READ_DOCUMENT}; ListTools says which a collection offers)",
             shorten(other, 80)
         ))),
     }
@@ -179,6 +196,11 @@ pub fn execute(
             let hits = collection.bm25(query, depth.max(*k))?;
             let shown = hits.len().min(*k);
             (render_hits(collection, BM25_SEARCH, query, &hits[..shown]), hits, shown, None)
+        }
+        ToolCall::Rm3Search { query, k } => {
+            let hits = collection.bm25_rm3(query, depth.max(*k))?;
+            let shown = hits.len().min(*k);
+            (render_hits(collection, RM3_SEARCH, query, &hits[..shown]), hits, shown, None)
         }
         ToolCall::VectorSearch { query, k } => {
             let hits = collection.vector_search(embedded("vector search")?, depth.max(*k))?;
@@ -257,6 +279,7 @@ mod tests {
     fn each_search_tool_parses_to_its_own_call() {
         let arguments = r#"{"query": "q", "k": 2}"#;
         let (query, k) = ("q".to_owned(), 2);
+        assert_eq!(parse_call(RM3_SEARCH, arguments).unwrap(), ToolCall::Rm3Search { query: query.clone(), k });
         assert_eq!(parse_call(VECTOR_SEARCH, arguments).unwrap(), ToolCall::VectorSearch { query: query.clone(), k });
         assert_eq!(parse_call(HYBRID_SEARCH, arguments).unwrap(), ToolCall::HybridSearch { query, k });
     }

@@ -49,6 +49,7 @@ async fn start_with(
         embed_max_batch: 32,
         embed_max_wait: Duration::from_millis(2),
         hybrid_tool: true,
+        rm3_tool: true,
         s3,
         admin: sleuth_kit::AdminTokenArgs::default(),
         serve: ServeArgs { insecure: true, ..ServeArgs::default() },
@@ -102,7 +103,7 @@ async fn serves_tools_over_scifact_with_clear_errors_and_under_concurrency() -> 
 
     let listed = tools.list_tools(pb::ListToolsRequest { collection: "scifact".into() }).await?.into_inner();
     let names: Vec<&str> = listed.tools.iter().map(|t| t.name.as_str()).collect();
-    assert_eq!(names, ["bm25_search", "read_document"]);
+    assert_eq!(names, ["bm25_search", "rm3_search", "read_document"]);
     let openai: serde_json::Value = serde_json::from_str(&listed.openai_tools_json)?;
     assert_eq!(openai[0]["type"], "function");
     assert_eq!(openai[0]["function"]["parameters"]["required"][0], "query");
@@ -163,6 +164,14 @@ async fn serves_tools_over_scifact_with_clear_errors_and_under_concurrency() -> 
     assert_eq!(expanded.hits.len(), 10);
     assert!(expanded.hits[..3].iter().any(|h| h.doc_id == "4983"), "{:?}", expanded.hits);
     assert_ne!(ids(&plain.hits), ids(&expanded.hits), "the expansion changes the ranking");
+    // The model's rm3_search call runs the same expansion.
+    let rm3_call = pb::CallToolRequest {
+        ranking_depth: 10,
+        ..call("rm3_search", r#"{"query": "microstructural development of human newborn cerebral white matter"}"#, 0)
+    };
+    let rm3_called = tools.call_tool(rm3_call).await?.into_inner();
+    assert_eq!(ids(&rm3_called.hits), ids(&expanded.hits));
+    assert!(rm3_called.observation.starts_with("rm3_search results"), "{}", rm3_called.observation);
     let too_deep = pb::CallToolRequest { ranking_depth: 101, ..call("bm25_search", r#"{"query": "x"}"#, 0) };
     let status = tools.call_tool(too_deep).await.unwrap_err();
     assert!(status.message().contains("ranking_depth must be at most 100, got 101"), "{status:?}");
@@ -375,6 +384,7 @@ async fn creates_publishes_to_s3_and_loads_a_collection() -> Result<()> {
         config.collection_roots = vec![sources];
         config.serve.auth_token = Some("mesh-secret".parse().expect("token"));
         config.admin.admin_token = Some("admin-secret".parse().expect("token"));
+        config.rm3_tool = false;
     })
     .await?;
     let mut tools = client_with(&gateway, Some("admin-secret")).await?;
@@ -438,6 +448,18 @@ async fn creates_publishes_to_s3_and_loads_a_collection() -> Result<()> {
     assert_eq!(refused.code(), Code::PermissionDenied, "no writing outside the roots: {refused:?}");
     let found = mesh.search(pb::SearchRequest { collection: "weather".into(), query: "rain".into(), k: 5, method: 1 });
     assert_eq!(found.await?.into_inner().hits.len(), 1, "the mesh token still opens searches");
+    // An optional tool this gateway was not asked to offer is neither listed nor run.
+    let listed = mesh.list_tools(pb::ListToolsRequest { collection: "weather".into() }).await?.into_inner();
+    assert!(listed.tools.iter().all(|t| t.name != "rm3_search"), "{:?}", listed.tools);
+    let rm3 = pb::CallToolRequest {
+        collection: "weather".into(),
+        name: "rm3_search".into(),
+        arguments_json: r#"{"query": "rain"}"#.into(),
+        ..Default::default()
+    };
+    let refused = mesh.call_tool(rm3).await.unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    assert!(refused.message().contains("\"rm3_search\" (not enabled on this gateway"), "{}", refused.message());
     let published = tools
         .publish_collection(pb::PublishCollectionRequest {
             name: "weather".into(),
