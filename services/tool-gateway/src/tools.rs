@@ -193,24 +193,18 @@ pub fn execute(
         |what: &str| query_vector.ok_or_else(|| Error::Internal(format!("{what} without a query embedding")));
     let (text, hits, shown, document) = match call {
         ToolCall::Bm25Search { query, k } => {
-            let hits = collection.bm25(query, depth.max(*k))?;
-            let shown = hits.len().min(*k);
-            (render_hits(collection, BM25_SEARCH, query, &hits[..shown]), hits, shown, None)
+            shown_hits(collection, BM25_SEARCH, query, *k, collection.bm25(query, depth.max(*k))?)
         }
         ToolCall::Rm3Search { query, k } => {
-            let hits = collection.bm25_rm3(query, depth.max(*k))?;
-            let shown = hits.len().min(*k);
-            (render_hits(collection, RM3_SEARCH, query, &hits[..shown]), hits, shown, None)
+            shown_hits(collection, RM3_SEARCH, query, *k, collection.bm25_rm3(query, depth.max(*k))?)
         }
         ToolCall::VectorSearch { query, k } => {
             let hits = collection.vector_search(embedded("vector search")?, depth.max(*k))?;
-            let shown = hits.len().min(*k);
-            (render_hits(collection, VECTOR_SEARCH, query, &hits[..shown]), hits, shown, None)
+            shown_hits(collection, VECTOR_SEARCH, query, *k, hits)
         }
         ToolCall::HybridSearch { query, k } => {
             let hits = collection.hybrid(query, embedded("hybrid search")?, depth.max(*k))?;
-            let shown = hits.len().min(*k);
-            (render_hits(collection, HYBRID_SEARCH, query, &hits[..shown]), hits, shown, None)
+            shown_hits(collection, HYBRID_SEARCH, query, *k, hits)
         }
         ToolCall::ReadDocument { doc_id } => {
             let Some(document) = collection.document_by_id(doc_id) else {
@@ -226,6 +220,19 @@ pub fn execute(
     };
     let (text, truncated) = cap(text, char_cap);
     Ok(Observation { text, truncated, hits, shown, document })
+}
+
+/// A search's observation parts: the first `k` of `hits` rendered, every
+/// hit kept, how many were shown, and no document.
+fn shown_hits(
+    collection: &Collection,
+    tool: &str,
+    query: &str,
+    k: usize,
+    hits: Vec<Hit>,
+) -> (String, Vec<Hit>, usize, Option<u32>) {
+    let shown = hits.len().min(k);
+    (render_hits(collection, tool, query, &hits[..shown]), hits, shown, None)
 }
 
 fn render_hits(collection: &Collection, tool: &str, query: &str, hits: &[Hit]) -> String {
