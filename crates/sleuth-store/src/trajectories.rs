@@ -13,7 +13,9 @@
 //! and the number of groups it has taken off the stream (trained or dropped:
 //! stale, flat, corrupt) at `sleuth:run:<run>:groups_taken`; the orchestrator's
 //! staleness gate reads the count, so dropped groups free their place in the
-//! window as trained ones do.
+//! window as trained ones do. The orchestrator keeps the newest version it
+//! has validated at `sleuth:run:<run>:validated`: the learner takes no step
+//! past a version due for validation until that version is there.
 
 use redis::AsyncCommands;
 use redis::streams::{StreamAutoClaimOptions, StreamAutoClaimReply, StreamReadOptions, StreamReadReply};
@@ -35,6 +37,10 @@ pub fn version_key(run_id: &str) -> String {
 
 pub fn groups_taken_key(run_id: &str) -> String {
     format!("sleuth:run:{run_id}:groups_taken")
+}
+
+pub fn validated_key(run_id: &str) -> String {
+    format!("sleuth:run:{run_id}:validated")
 }
 
 /// A stream entry id, `<ms>-<seq>`, ordered as Redis orders them.
@@ -267,7 +273,7 @@ impl GroupConsumer {
     }
 }
 
-/// Writes one of the learner's counters for the orchestrator.
+/// Writes one of the counters the learner and the orchestrator share.
 async fn set_counter(redis: &RedisStore, key: String, value: u64) -> Result<(), StoreError> {
     let mut connection = redis.connection().await?;
     connection
@@ -276,12 +282,35 @@ async fn set_counter(redis: &RedisStore, key: String, value: u64) -> Result<(), 
         .map_err(|source| StoreError::Redis { url: redis.url().to_owned(), source })
 }
 
-/// Reads one of the learner's counters (0 before the learner wrote it).
+/// Reads one of the counters (0 before it was written).
 async fn counter(redis: &RedisStore, key: String) -> Result<u64, StoreError> {
+    Ok(maybe_counter(redis, key).await?.unwrap_or(0))
+}
+
+/// Reads one of the counters (`None` before it was written).
+async fn maybe_counter(redis: &RedisStore, key: String) -> Result<Option<u64>, StoreError> {
     let mut connection = redis.connection().await?;
-    let value: Option<u64> =
-        connection.get(key).await.map_err(|source| StoreError::Redis { url: redis.url().to_owned(), source })?;
-    Ok(value.unwrap_or(0))
+    connection.get(key).await.map_err(|source| StoreError::Redis { url: redis.url().to_owned(), source })
+}
+
+/// Records the newest version the run's orchestrator has validated (or
+/// given up validating; `None`: none yet), for the learner waiting to step past it.
+pub async fn set_validated(redis: &RedisStore, run_id: &str, version: Option<u64>) -> Result<(), StoreError> {
+    match version {
+        Some(version) => set_counter(redis, validated_key(run_id), version).await,
+        None => {
+            let mut connection = redis.connection().await?;
+            connection
+                .del::<_, ()>(validated_key(run_id))
+                .await
+                .map_err(|source| StoreError::Redis { url: redis.url().to_owned(), source })
+        }
+    }
+}
+
+/// The newest version the run's orchestrator has validated (`None`: none yet).
+pub async fn validated(redis: &RedisStore, run_id: &str) -> Result<Option<u64>, StoreError> {
+    maybe_counter(redis, validated_key(run_id)).await
 }
 
 /// Records the learner's policy version for the run's orchestrator.

@@ -147,6 +147,12 @@ pub struct Config {
     #[arg(skip)]
     pub start_from_run: Option<String>,
 
+    /// The versions the run's orchestrator validates (the spec's
+    /// `validation` and `training.eval_every`); the learner steps past none
+    /// before it is validated.
+    #[arg(skip)]
+    pub validation: Option<sleuth_metrics::validation::Schedule>,
+
     /// Copy pre-training's conversations added to every trajectory SFT step
     /// (the spec's `training.copy_rehearsal`, see [`crate::copying::Rehearsal`]).
     #[arg(skip)]

@@ -200,6 +200,7 @@ mod tests {
             checkpoint_every: 1,
             max_steps: 0,
             start_model_uri: None,
+            validation: None,
         }
     }
 

@@ -29,6 +29,7 @@ use crate::trainer::{StepStats, Trainer};
 
 mod command;
 mod schedule;
+mod validated;
 
 use command::Command;
 use schedule::steps_planned;
@@ -60,6 +61,9 @@ pub struct Plan {
     /// The spec's start model, published as the run's first version (see
     /// [`crate::publish::republish`]); `None`: the servers' own model is version 0.
     pub start_model_uri: Option<String>,
+    /// The versions the run's orchestrator validates; the learner steps past
+    /// none before it is validated (`None`: the run does not validate).
+    pub validation: Option<sleuth_metrics::validation::Schedule>,
 }
 
 /// The learner's progress, served by `GetStatus`.
@@ -205,6 +209,7 @@ pub async fn lead(
     let mut planned = None;
 
     while plan.max_steps == 0 || meta.steps_trained() < plan.max_steps {
+        trainer = validated::await_validation(trainer, &plan, &sources, meta.step, &mut stop).await?;
         // Form the next step.
         let mut samples = Vec::new();
         let mut tally = Tally::default();

@@ -277,6 +277,7 @@ async fn start_and_train(
             checkpoint_every: config.checkpoint_every,
             max_steps: config.max_steps,
             start_model_uri: config.start_model_uri.clone(),
+            validation: config.validation,
         };
         let publisher = publish::Publisher::new(
             &config.policy_servers,

@@ -114,6 +114,12 @@ impl RunRecord {
         (groups > 0).then(|| groups.div_ceil(global_batch_size.max(1) as u64))
     }
 
+    /// Whether the run is running (`None` when the orchestrator cannot be asked).
+    pub async fn running(&self) -> Option<bool> {
+        let run = self.get("whether the run is running").await?;
+        Some(RunStatus::try_from(run.status) == Ok(RunStatus::Running))
+    }
+
     /// The version with the best validation score so far, if the run
     /// validates and has validated one.
     pub async fn best_version(&self) -> Option<u64> {
@@ -158,6 +164,7 @@ pub fn apply(config: &mut Config, spec: &RunSpec) -> Result<(), Error> {
     }
     config.start_model_uri = spec.policy.as_ref().map(|p| p.model_uri.trim().to_owned()).filter(|u| !u.is_empty());
     config.start_from_run = spec.policy.as_ref().map(|p| p.from_run.trim().to_owned()).filter(|r| !r.is_empty());
+    config.validation = sleuth_metrics::validation::Schedule::of(spec);
     // A teacher writes the run's episodes: the learner imitates them.
     if spec.agent.as_ref().is_some_and(|a| !a.teacher.trim().is_empty()) {
         config.mode = crate::config::Mode::Sft;

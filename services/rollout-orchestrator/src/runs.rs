@@ -219,9 +219,8 @@ impl Runner {
         // A run with a start model of its own (a model, or another run's
         // policy) samples nothing before the learner has published it
         // (version 1): version 0 is whatever model the policy servers started with.
-        let first_version =
-            u64::from(spec.policy.as_ref().is_some_and(|p| !p.model_uri.is_empty() || !p.from_run.is_empty()));
-        let validator = crate::validate::Validator::new(run_id, spec, groups_total, first_version, self).await?;
+        let first_version = sleuth_metrics::validation::first_version(spec);
+        let validator = crate::validate::Validator::new(run_id, spec, groups_total, self).await?;
         let held = validator.as_ref().map(|v| v.held.clone()).unwrap_or_default();
         let (trained, training_over) = watch::channel(false);
         // In a JoinSet, so that a drive ending early (a group's error) aborts

@@ -1,23 +1,30 @@
-//! Validation during training: whenever the learner's version enters a new
-//! multiple of `training.eval_every`, at the run's first version (the
-//! untrained start) and at its last (once the learner has taken every group:
-//! the weights the run ends with are a candidate too, however many steps the
-//! run made), the run evaluates the served policy on its validation
-//! set with the evaluation harness (greedy, no teacher: the policy itself),
-//! and records nDCG@10, reward, failure rates, turns and tokens per version.
-//! New training groups wait while it runs, so the version stays put, except
-//! for steps of groups already in flight (up to `max_staleness + 1`). Its
-//! turns are served by the run's current weights or newer (never by a
+//! Validation during training: at the run's first version (the untrained
+//! start), whenever the learner's version enters a new multiple of
+//! `training.eval_every` (`sleuth_metrics::validation::Schedule`) and at its
+//! last (once the learner has taken every group: the weights the run ends
+//! with are a candidate too, however many steps the run made), the run
+//! evaluates the served policy on its validation set with the evaluation
+//! harness (greedy, no teacher: the policy itself), and records nDCG@10,
+//! reward, failure rates, turns and tokens per version.
+//!
+//! The learner takes no step past a due version until the validator has
+//! recorded it in Redis (`trajectories::validated`), so a validation measures
+//! exactly the weights it is labelled with: a step landing mid-validation
+//! (as groups in flight once allowed) mixed two versions under one label,
+//! and a run starting from the best label got the other one's weights. New
+//! training groups wait while it runs too, leaving the policy servers to it.
+//! Its turns are served by the run's current weights or newer (never by a
 //! server still on older ones), and its metrics record the oldest and newest
-//! version that sampled its tokens (`served_version_oldest`/`_newest`). The best version is the one with
-//! the highest validation nDCG@10, never the highest training reward:
-//! policies trained this way over-optimise late in a run.
+//! version that sampled its tokens (`served_version_oldest`/`_newest`). The
+//! best version is the one with the highest validation nDCG@10, never the
+//! highest training reward: policies trained this way over-optimise late in a run.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use crate::scoring::Scorer;
+use sleuth_metrics::validation::Schedule;
 use sleuth_proto::common::v1::{SamplingParams, Task};
 use sleuth_proto::rollout::v1::{EvaluateRequest, Evaluation, RunSpec, Validation};
 use sleuth_store::trajectories;
@@ -28,6 +35,10 @@ use crate::state::State;
 
 /// How often the validator looks at the learner's version.
 const POLL: Duration = Duration::from_millis(500);
+
+/// Validations of one version that may fail before the validator gives up
+/// on it and lets the learner step on (the next due version is validated).
+const ATTEMPTS: u32 = 3;
 
 /// The validated version with the highest score (the earliest of equals).
 pub fn best(validations: &[Validation]) -> Option<u64> {
@@ -40,12 +51,10 @@ pub struct Validator {
     tasks: Vec<Task>,
     request: EvaluateRequest,
     scorer: Scorer,
-    eval_every: u64,
+    schedule: Schedule,
     /// The groups the run publishes in all: the learner has made its last
     /// step once it has taken them all.
     groups: u64,
-    /// The run's first version (1 with a start model of its own, else 0).
-    first_version: u64,
     /// Set while a validation runs: the run starts no training group.
     pub held: Arc<AtomicBool>,
     state: State,
@@ -62,13 +71,11 @@ impl Validator {
         run_id: &str,
         spec: &RunSpec,
         groups: u64,
-        first_version: u64,
         runner: &crate::runs::Runner,
     ) -> Result<Option<Self>, String> {
         let (state, patience, redis, evaluator) =
             (runner.state.clone(), runner.patience, runner.redis.clone(), runner.evaluator.clone());
-        let eval_every = spec.training.as_ref().map_or(0, |t| u64::from(t.eval_every));
-        let Some(set) = spec.validation.clone().filter(|_| eval_every > 0) else { return Ok(None) };
+        let (Some(schedule), Some(set)) = (Schedule::of(spec), spec.validation.clone()) else { return Ok(None) };
         let tasks =
             crate::tasks::load_off_runtime(set.clone(), "spec.validation", evaluator.task_roots.clone()).await?;
         let mut agent = spec.agent.clone().unwrap_or_default();
@@ -88,9 +95,8 @@ impl Validator {
             tasks,
             request,
             scorer,
-            eval_every,
+            schedule,
             groups,
-            first_version,
             held: Arc::default(),
             state,
             patience,
@@ -99,10 +105,13 @@ impl Validator {
         }))
     }
 
-    /// Validates each due version until `done` turns true (a validation in
-    /// progress finishes first), then the version the learner ends on. A
-    /// failed validation is logged and retried at the next version; it never
-    /// fails the run.
+    /// Validates each due version (the learner waits for each) until every
+    /// group is out and the learner has taken them all (its last, smaller
+    /// step included), then the version it ended on unless validated
+    /// already. The wait ends only with the run: a learner that restarts
+    /// finishes the run's steps, and cancelling the run aborts it. A failed
+    /// validation is logged and tried again, [`ATTEMPTS`] times in all; it
+    /// never fails the run.
     pub async fn run(self, mut done: watch::Receiver<bool>) {
         let mut last = match self.state.validations(&self.run_id).await {
             Ok(validations) => validations.last().map(|v| v.version),
@@ -111,18 +120,42 @@ impl Validator {
                 None
             }
         };
-        while !*done.borrow() {
+        let (mut failures, mut waited) = (0, std::time::Instant::now());
+        loop {
+            // Said on every look: a restarted Redis or orchestrator must not leave the learner waiting.
+            if let Err(error) = trajectories::set_validated(&self.redis, &self.run_id, last).await {
+                tracing::warn!(run = %self.run_id, %error, "cannot record the validated version for the learner");
+            }
             match trajectories::learner_version(&self.redis, &self.run_id).await {
-                Ok(version) if self.due(version, last) => {
-                    self.held.store(true, Ordering::SeqCst);
+                Ok(version) if self.schedule.due(version, last) => {
                     match self.validate(version).await {
-                        Ok(()) => last = Some(version),
-                        Err(error) => tracing::error!(run = %self.run_id, version, %error, "validation failed"),
+                        Ok(()) => (last, failures) = (Some(version), 0),
+                        Err(error) => {
+                            failures += 1;
+                            tracing::error!(run = %self.run_id, version, %error, failures, "validation failed");
+                            if failures == ATTEMPTS {
+                                tracing::error!(run = %self.run_id, version, "giving up validating this version; the learner steps on");
+                                (last, failures) = (Some(version), 0);
+                            }
+                        }
                     }
-                    self.held.store(false, Ordering::SeqCst);
+                    continue;
                 }
                 Ok(_) => {}
                 Err(error) => tracing::warn!(run = %self.run_id, %error, "cannot read the learner's version"),
+            }
+            if *done.borrow() {
+                match trajectories::groups_taken(&self.redis, &self.run_id).await {
+                    Ok(taken) if taken >= self.groups => break,
+                    Ok(taken) if waited.elapsed() >= Duration::from_secs(60) => {
+                        tracing::info!(run = %self.run_id, taken, groups = self.groups, "waiting for the learner's last step to validate it");
+                        waited = std::time::Instant::now();
+                    }
+                    Ok(_) => {}
+                    Err(error) => tracing::warn!(run = %self.run_id, %error, "cannot read the learner's progress"),
+                }
+                tokio::time::sleep(POLL).await;
+                continue;
             }
             tokio::select! {
                 () = tokio::time::sleep(POLL) => {}
@@ -131,30 +164,8 @@ impl Validator {
                 }
             }
         }
-        self.validate_last(last).await;
-    }
-
-    /// Every group is out: waits for the learner to take them all (its
-    /// last, smaller step included), then validates the version it ended on
-    /// unless that one is validated already. The wait ends only with the
-    /// run: a learner that restarts finishes the run's steps, and
-    /// cancelling the run aborts it.
-    async fn validate_last(&self, last: Option<u64>) {
-        let mut waited = std::time::Instant::now();
-        loop {
-            match trajectories::groups_taken(&self.redis, &self.run_id).await {
-                Ok(taken) if taken >= self.groups => break,
-                Ok(taken) if waited.elapsed() >= Duration::from_secs(60) => {
-                    tracing::info!(run = %self.run_id, taken, groups = self.groups, "waiting for the learner's last step to validate it");
-                    waited = std::time::Instant::now();
-                }
-                Ok(_) => {}
-                Err(error) => tracing::warn!(run = %self.run_id, %error, "cannot read the learner's progress"),
-            }
-            tokio::time::sleep(POLL).await;
-        }
         match trajectories::learner_version(&self.redis, &self.run_id).await {
-            Ok(version) if version >= self.first_version && last.is_none_or(|last| version > last) => {
+            Ok(version) if version >= self.schedule.first && last.is_none_or(|last| version > last) => {
                 if let Err(error) = self.validate(version).await {
                     tracing::error!(run = %self.run_id, version, %error, "validating the last version failed");
                 }
@@ -164,12 +175,15 @@ impl Validator {
         }
     }
 
-    /// The run's first version, then one per multiple of `eval_every`.
-    fn due(&self, version: u64, last: Option<u64>) -> bool {
-        version >= self.first_version && last.is_none_or(|last| version / self.eval_every > last / self.eval_every)
+    /// Validates `version`, holding new training groups meanwhile.
+    async fn validate(&self, version: u64) -> Result<(), String> {
+        self.held.store(true, Ordering::SeqCst);
+        let validated = self.evaluate(version).await;
+        self.held.store(false, Ordering::SeqCst);
+        validated
     }
 
-    async fn validate(&self, version: u64) -> Result<(), String> {
+    async fn evaluate(&self, version: u64) -> Result<(), String> {
         let id = format!("{}-validation-v{version}", self.run_id);
         tracing::info!(run = %self.run_id, version, tasks = self.tasks.len(), "validating");
         let outcome = self
