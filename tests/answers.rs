@@ -113,6 +113,7 @@ async fn an_answer_run_trains_on_cited_answers_and_reports_every_answer_metric()
         wait_for(&mut client, RUN, Duration::from_secs(400), |run| run.status != rollout::RunStatus::Running as i32)
             .await?;
     assert_eq!(finished.status, rollout::RunStatus::Succeeded as i32, "{}", finished.status_detail);
+    validations_are_of_their_version(&finished)?;
     let (exit, _) = learner.wait(Duration::from_secs(300))?;
     assert!(exit.success(), "learner exited with {exit}; log:\n{}", learner.log());
     let database = sleuth_store::Database::open(&format!("sqlite://{}", scratch.path().join("runs.db").display()))?;

@@ -136,6 +136,7 @@ impl Lab {
 async fn trajectory_sft_raises_validation_ndcg_above_the_base() -> Result<()> {
     let mut lab = Lab::start().await?;
     let finished = lab.train(sft("learn", &lab.source, "train", "mixture")).await?;
+    validations_are_of_their_version(&finished)?;
     let ndcg = |version: u64| {
         finished.validations.iter().find(|v| v.version == version).and_then(|v| v.metrics.get("ndcg@10").copied())
     };
@@ -201,6 +202,8 @@ async fn grpo_beats_its_own_sft_on_validation() -> Result<()> {
         ..Default::default()
     };
     let grpo = lab.train(grpo).await?;
+    validations_are_of_their_version(&sft)?;
+    validations_are_of_their_version(&grpo)?;
 
     let sft = lab.best_validation(&sft).await?;
     let grpo = lab.best_validation(&grpo).await?;
