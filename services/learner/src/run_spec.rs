@@ -114,10 +114,12 @@ impl RunRecord {
         (groups > 0).then(|| groups.div_ceil(global_batch_size.max(1) as u64))
     }
 
-    /// Whether the run is running (`None` when the orchestrator cannot be asked).
-    pub async fn running(&self) -> Option<bool> {
-        let run = self.get("whether the run is running").await?;
-        Some(RunStatus::try_from(run.status) == Ok(RunStatus::Running))
+    /// Whether the run has ended for good (succeeded or cancelled: it
+    /// validates nothing more; a failed run may be resumed); `None` when the
+    /// orchestrator cannot be asked.
+    pub async fn ended(&self) -> Option<bool> {
+        let run = self.get("whether the run has ended").await?;
+        Some(matches!(RunStatus::try_from(run.status), Ok(RunStatus::Succeeded | RunStatus::Cancelled)))
     }
 
     /// The version with the best validation score so far, if the run

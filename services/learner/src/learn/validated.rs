@@ -12,13 +12,13 @@ use super::{Plan, Sources};
 use crate::Error;
 use crate::trainer::Trainer;
 
-/// How often the waiting learner looks whether the run still runs (no
-/// validator waits on a cancelled or failed run).
+/// How often the waiting learner looks whether the run has ended (no
+/// validator is left to validate a cancelled run).
 const STATUS: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Waits while `version` is due for validation by `schedule` and not yet
-/// validated; returns at once when the run does not validate, has no
-/// orchestrator, or is no longer running, and when `stop` comes. Policy
+/// validated; returns at once when the run does not validate or has no
+/// orchestrator, and when it ends or `stop` comes. Policy
 /// servers that fall behind meanwhile are brought to `version`, which the
 /// validation needs them to serve.
 pub(super) async fn await_validation(
@@ -42,8 +42,8 @@ pub(super) async fn await_validation(
         }
         if looked.elapsed() >= STATUS {
             looked = std::time::Instant::now();
-            if run.running().await == Some(false) {
-                tracing::warn!(version, "the run stopped running before this version was validated; stepping on");
+            if run.ended().await == Some(true) {
+                tracing::warn!(version, "the run ended before this version was validated; stepping on");
                 break;
             }
         }
