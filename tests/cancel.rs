@@ -2,7 +2,7 @@
 //! published before the cancel, seals its checkpoint and exits cleanly,
 //! instead of waiting for groups that will never come.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use sleuth_proto::agent::v1::AgentConfig;
@@ -10,23 +10,18 @@ use sleuth_proto::common::v1::AgentBudget;
 use sleuth_proto::rollout::v1 as rollout;
 use sleuth_tests::fixture::*;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cancelled_runs_learner_trains_what_was_published_and_exits() -> Result<()> {
-    const RUN: &str = "cancelled";
-    let scratch = tempfile::tempdir()?;
-    let (mesh, _) = teacher_mesh(scratch.path(), 1)?;
-    let database = scratch.path().join("runs.db");
-    let (orchestrator, mut client) = mesh.orchestrator(&database).await?;
-    // A teacher plays (fast, deterministic), one episode at a time, over
-    // more groups than are published before the cancel.
-    let spec = rollout::RunSpec {
-        name: RUN.into(),
-        train: Some(rollout::TaskSet {
-            source_uri: scratch.path().join("synth").display().to_string(),
-            collection: "synth".into(),
-            split: "train".into(),
-            limit: 0,
-        }),
+/// A run of `name` that a teacher plays (fast, deterministic), one episode
+/// at a time, over more groups than are published before a cancel.
+fn teacher_run(name: &str, synth: &std::path::Path) -> rollout::RunSpec {
+    let split = |split: &str| rollout::TaskSet {
+        source_uri: synth.display().to_string(),
+        collection: "synth".into(),
+        split: split.into(),
+        limit: 0,
+    };
+    rollout::RunSpec {
+        name: name.into(),
+        train: Some(split("train")),
         agent: Some(AgentConfig {
             budget: Some(AgentBudget {
                 max_turns: 4,
@@ -45,7 +40,17 @@ async fn a_cancelled_runs_learner_trains_what_was_published_and_exits() -> Resul
         max_staleness: 4,
         training: Some(rollout::TrainingSpec { learning_rate: 1e-3, checkpoint_every: 1, ..Default::default() }),
         ..Default::default()
-    };
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_runs_learner_trains_what_was_published_and_exits() -> Result<()> {
+    const RUN: &str = "cancelled";
+    let scratch = tempfile::tempdir()?;
+    let (mesh, _) = teacher_mesh(scratch.path(), 1)?;
+    let database = scratch.path().join("runs.db");
+    let (orchestrator, mut client) = mesh.orchestrator(&database).await?;
+    let spec = teacher_run(RUN, &scratch.path().join("synth"));
     client.create_run(rollout::CreateRunRequest { spec: Some(spec), run_id: RUN.into() }).await?;
     let mut learner = mesh.learner(RUN, scratch.path(), &database, &orchestrator)?;
     let started = wait_for(&mut client, RUN, Duration::from_secs(120), |run| {
@@ -76,5 +81,52 @@ async fn a_cancelled_runs_learner_trains_what_was_published_and_exits() -> Resul
         "{RUN}: {before_cancel} groups published by the cancel, {published} of {planned} in all, {taken} taken, \
          learner out {took:?} after the cancel"
     );
+    Ok(())
+}
+
+/// A run cancelled while its learner waits for the validation of its start
+/// (the learner takes no step past a version due for validation before the
+/// orchestrator has validated it): the learner sees the run has ended and
+/// exits cleanly, instead of waiting for a validator the cancel aborted.
+/// The tool gateway is paused (SIGSTOP) under agents that wait for it an
+/// hour, so every episode blocks on its opening search and the validation
+/// cannot finish before the cancel, on any machine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_learner_waiting_for_a_validation_exits_when_the_run_is_cancelled() -> Result<()> {
+    const RUN: &str = "cancelled-validating";
+    let scratch = tempfile::tempdir()?;
+    let (mesh, _) = teacher_mesh_with(scratch.path(), 1, vec![("SLEUTH_TOOL_TIMEOUT", "1h".into())])?;
+    let database = scratch.path().join("runs.db");
+    let (orchestrator, mut client) = mesh.orchestrator(&database).await?;
+    let synth = scratch.path().join("synth");
+    let mut spec = teacher_run(RUN, &synth);
+    spec.validation = Some(rollout::TaskSet {
+        source_uri: synth.display().to_string(),
+        collection: "synth".into(),
+        split: "validation".into(),
+        limit: 0,
+    });
+    spec.training.as_mut().expect("training").eval_every = 1;
+    // Every episode, the greedy policy's included, starts with a search.
+    spec.agent.as_mut().expect("agent").opening_search = "bm25_search".into();
+    mesh.tools.signal("STOP")?;
+    client.create_run(rollout::CreateRunRequest { spec: Some(spec), run_id: RUN.into() }).await?;
+    let mut learner = mesh.learner(RUN, scratch.path(), &database, &orchestrator)?;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !learner.log().contains("waiting for the orchestrator to validate this version") {
+        anyhow::ensure!(Instant::now() < deadline, "the learner never waited for validation; log:\n{}", learner.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let request = rollout::CancelRunRequest { run_id: RUN.into(), reason: "enough".into() };
+    client.cancel_run(request).await?;
+    let exited = learner.wait(Duration::from_secs(120));
+    mesh.tools.signal("CONT")?;
+    let (exit, took) = exited?;
+    assert!(exit.success(), "learner exited with {exit}; log:\n{}", learner.log());
+    let log = learner.log();
+    assert!(log.contains("the run ended before this version was validated"), "{log}");
+    let run = client.get_run(rollout::GetRunRequest { run_id: RUN.into() }).await?.into_inner();
+    assert!(run.validations.is_empty(), "nothing was validated: {:?}", run.validations);
+    eprintln!("{RUN}: learner out {took:?} after the cancel");
     Ok(())
 }

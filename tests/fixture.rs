@@ -23,7 +23,9 @@ mod mesh;
 mod stream;
 
 pub use browser::Browser;
-pub use learning::{SYNTH, TOOLS, learning_base, prepare_learning_base, small_synth, synth_collection, teacher_mesh};
+pub use learning::{
+    SYNTH, TOOLS, learning_base, prepare_learning_base, small_synth, synth_collection, teacher_mesh, teacher_mesh_with,
+};
 pub use mesh::Mesh;
 pub use stream::*;
 
