@@ -105,7 +105,7 @@ pub async fn agent_tools(tools: &ServiceProcess) -> Result<Vec<serde_json::Value
     let mut client = ToolGatewayClient::new(connect(&tools.addr, None, Duration::from_secs(5)).await?);
     let listed = client.list_tools(ListToolsRequest { collection: "weather".into() }).await?.into_inner();
     let mut specs = listed.tools;
-    specs.push(agent::prompt::answer_tool(agent::prompt::SUBMIT_TOOL));
+    specs.push(agent::prompt::agent_tool(agent::prompt::SUBMIT_TOOL));
     specs
         .iter()
         .map(|t| {

@@ -19,12 +19,12 @@ async fn taught(mesh: &Mesh, task: &Task, teacher: &str, episode: &str) -> Resul
 
 /// An episode of `teacher` that the agent opens by searching the question with `opening_search`.
 async fn opened(mesh: &Mesh, task: &Task, teacher: &str, opening_search: &str, episode: &str) -> Result<Episode> {
-    played(mesh, task, teacher, opening_search, None, episode).await
+    played(mesh, task, teacher, opening_search, None, &[], episode).await
 }
 
 /// An episode of the mixture teacher with sampling `seed` (which draws its strategy).
 async fn mixed(mesh: &Mesh, task: &Task, opening_search: &str, seed: u64, episode: &str) -> Result<Episode> {
-    played(mesh, task, "mixture", opening_search, Some(seed), episode).await
+    played(mesh, task, "mixture", opening_search, Some(seed), &[], episode).await
 }
 
 async fn played(
@@ -33,6 +33,7 @@ async fn played(
     teacher: &str,
     opening_search: &str,
     seed: Option<u64>,
+    tools: &[&str],
     episode: &str,
 ) -> Result<Episode> {
     let request = RunEpisodeRequest {
@@ -49,6 +50,7 @@ async fn played(
             }),
             teacher: teacher.into(),
             opening_search: opening_search.into(),
+            tools: tools.iter().map(|t| (*t).to_owned()).collect(),
             sampling: seed
                 .map(|seed| sleuth_proto::common::v1::SamplingParams { seed: Some(seed), ..Default::default() }),
             ..Default::default()
@@ -123,6 +125,24 @@ async fn the_mixtures_best_episode_follows_the_founder_and_is_traced_as_the_poli
     let policy = trace.segments.iter().filter(|s| s.kind == SegmentKind::Policy as i32).count();
     assert_eq!(policy as u32, opened_river.turns);
     assert_eq!(trace.drift_events, 0);
+    // Offered follow_lead, a hop follows lead 1 (the bridge it searched by
+    // name), which the agent searches with BM25: the same ranking.
+    let named = opened(&mesh, river, "bm25:2", "bm25_search", "teach-named").await?;
+    let tools = ["bm25_search", "follow_lead"];
+    let followed = played(&mesh, river, "bm25:2", "bm25_search", None, &tools, "teach-followed").await?;
+    let said: Vec<&str> = followed.messages.iter().map(|m| m.content.as_str()).collect();
+    assert_eq!(followed.outcome, EpisodeOutcome::Completed as i32, "{}", followed.outcome_detail);
+    assert_eq!(followed.ranking, named.ranking, "{said:#?}");
+    let calls: Vec<(&str, &str)> = followed
+        .messages
+        .iter()
+        .flat_map(|m| &m.tool_calls)
+        .map(|c| (c.name.as_str(), c.arguments_json.as_str()))
+        .collect();
+    assert_eq!(calls[1..3], [("follow_lead", r#"{"n":1}"#), ("follow_lead", r#"{"n":1}"#)], "{said:#?}");
+    let lead = sleuth_chat::observation::parse_leads(&followed.messages[3].content);
+    assert!(lead.first().is_some_and(|lead| lead == founder), "{founder}: {said:#?}");
+    assert!(followed.messages[5].content.starts_with(&format!("bm25_search results for \"{founder}\"")), "{said:#?}");
     let absent = opened(&mesh, river, "bm25:2", "vector_search", "teach-no-vectors").await?;
     assert_eq!(absent.outcome, EpisodeOutcome::ToolError as i32);
     assert!(absent.outcome_detail.contains("opening_search \"vector_search\""), "{}", absent.outcome_detail);

@@ -172,11 +172,13 @@ if [[ -z "$opening" ]]; then
 fi
 say "the agent's opening search: $opening"
 # The agent's tools: BM25, the opening search, vector search with --vectors,
-# and the answer tool. The fresh policy is pre-trained with exactly these in
-# its prompt.
+# follow_lead (search a lead the latest results list, by its number: a tiny
+# policy chooses a number where it could not copy a name), and the answer
+# tool. The fresh policy is pre-trained with exactly these in its prompt.
 tools=bm25_search
 [[ "$opening" != bm25_search ]] && tools+=",$opening"
 ((vectors)) && tools+=,vector_search
+tools+=,follow_lead
 [[ "$task" == answer ]] && tools+=,submit_answer
 
 if [[ -z "$policy" ]]; then

@@ -10,6 +10,13 @@ pub const SNIPPET_CHARS: usize = 300;
 /// shows): enough to rank, few enough to fit an observation.
 pub const SEARCH_HITS: usize = 5;
 
+/// The most leads listed under a search's results (`follow_lead` takes
+/// their numbers).
+pub const LEADS: usize = 3;
+
+/// What the line listing a search's leads starts with.
+const LEADS_HEADING: &str = "Leads to follow: ";
+
 /// Documents in a submission without ids: the episode's searched hits, see [`ranking`].
 pub const SUBMITTED: usize = 10;
 
@@ -52,6 +59,31 @@ pub fn snippet(text: &str) -> String {
     if short.len() < text.len() { format!("{short}...") } else { short.to_owned() }
 }
 
+/// `observation` with a last line listing `leads` (bridges, most salient
+/// first; see `crate::bridge::bridges`), numbered from 1 as `follow_lead`
+/// takes them: `Leads to follow: 1. Ada Varnok; 2. regatta`. At most
+/// [`LEADS`]; none leaves the observation as it is.
+pub fn with_leads(observation: &str, leads: &[String]) -> String {
+    let listed: Vec<String> =
+        leads.iter().take(LEADS).enumerate().map(|(i, lead)| format!("{}. {}", i + 1, lead.trim())).collect();
+    if listed.is_empty() {
+        return observation.to_owned();
+    }
+    let newline = if observation.is_empty() || observation.ends_with('\n') { "" } else { "\n" };
+    format!("{observation}{newline}{LEADS_HEADING}{}\n", listed.join("; "))
+}
+
+/// The leads [`with_leads`] listed in `observation`, in order (none when it lists none).
+pub fn parse_leads(observation: &str) -> Vec<String> {
+    let Some(line) = observation.lines().rev().find_map(|line| line.strip_prefix(LEADS_HEADING)) else {
+        return Vec::new();
+    };
+    line.split("; ")
+        .enumerate()
+        .filter_map(|(i, lead)| lead.strip_prefix(&format!("{}. ", i + 1)).map(str::to_owned))
+        .collect()
+}
+
 /// A hit read back from an observation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ListedHit {
@@ -63,10 +95,11 @@ pub struct ListedHit {
     pub text: String,
 }
 
-/// The hits of a search observation, in the order listed.
+/// The hits of a search observation, in the order listed (its leads are
+/// no hit's text).
 pub fn parse_search_results(observation: &str) -> Vec<ListedHit> {
     let mut hits: Vec<ListedHit> = Vec::new();
-    for line in observation.lines() {
+    for line in observation.lines().take_while(|line| !line.starts_with(LEADS_HEADING)) {
         let heading = line.split_once("] doc_id: ").filter(|(rank, _)| rank.starts_with('['));
         match (heading, hits.last_mut()) {
             (Some((_, rest)), _) => {
@@ -134,6 +167,20 @@ mod tests {
         assert_eq!(listed[1].id, "p3");
         assert!(listed[1].text.ends_with("..."), "{}", listed[1].text);
         assert_eq!(search_results("bm25_search", "q", &[]), "bm25_search found no documents for \"q\".");
+    }
+
+    #[test]
+    fn leads_are_listed_numbered_and_read_back_apart_from_the_hits() {
+        let hits = [Hit { id: "o3", title: "Klabou Atelier", text: "Started by Ada Varnok." }];
+        let observation = search_results("bm25_search", "q", &hits);
+        let leads: Vec<String> = [" Ada Varnok", " regatta", " v1.2", " Klougi"].map(String::from).to_vec();
+        let listed = with_leads(&observation, &leads);
+        assert!(listed.ends_with("Varnok.\nLeads to follow: 1. Ada Varnok; 2. regatta; 3. v1.2\n"), "{listed}");
+        assert_eq!(parse_leads(&listed), ["Ada Varnok", "regatta", "v1.2"]);
+        assert_eq!(parse_search_results(&listed), parse_search_results(&observation));
+        assert_eq!(with_leads(&observation, &[]), observation);
+        assert!(parse_leads(&observation).is_empty());
+        assert_eq!(with_leads("cut off", &leads[..1]), "cut off\nLeads to follow: 1. Ada Varnok\n");
     }
 
     #[test]

@@ -6,6 +6,8 @@
 
 use serde_json::{Value as Json, json};
 
+use crate::observation::LEADS;
+
 pub const BM25_SEARCH: &str = "bm25_search";
 pub const VECTOR_SEARCH: &str = "vector_search";
 pub const HYBRID_SEARCH: &str = "hybrid_search";
@@ -13,6 +15,11 @@ pub const HYBRID_SEARCH: &str = "hybrid_search";
 /// words that characterise its first hits.
 pub const RM3_SEARCH: &str = "rm3_search";
 pub const READ_DOCUMENT: &str = "read_document";
+/// The agent's tool that searches, with `bm25_search`, one of the leads
+/// listed under the latest search's results, by its number
+/// (`crate::observation::LEADS`): a policy then chooses a lead with one
+/// number instead of copying a name it may not spell.
+pub const FOLLOW_LEAD: &str = "follow_lead";
 /// The tool the agent answers with a ranking of documents.
 pub const SUBMIT_RANKING: &str = "submit_ranking";
 /// The tool the agent answers with in words, citing documents.
@@ -77,6 +84,17 @@ impl ToolSchema {
                     "additionalProperties": false
                 }),
             ),
+            FOLLOW_LEAD => (
+                FOLLOW_LEAD,
+                "Search for one of the leads listed under the latest search results (names they mention \
+                 that the question does not), by its number. Returns document ids, titles and snippets.",
+                json!({
+                    "type": "object",
+                    "properties": {"n": {"type": "integer", "minimum": 1, "maximum": LEADS, "description": "The lead's number."}},
+                    "required": ["n"],
+                    "additionalProperties": false
+                }),
+            ),
             // `doc_ids` may be left out (the agent then ranks what the
             // searches found); the schema does not say so yet: the test
             // policies imprinted on this text stop searching when it changes.
@@ -133,7 +151,7 @@ mod tests {
 
     #[test]
     fn every_tool_has_a_schema_and_others_none() {
-        for name in SEARCH_TOOLS.into_iter().chain([READ_DOCUMENT]).chain(ANSWER_TOOLS) {
+        for name in SEARCH_TOOLS.into_iter().chain([READ_DOCUMENT, FOLLOW_LEAD]).chain(ANSWER_TOOLS) {
             let schema = ToolSchema::named(name).unwrap();
             assert_eq!(schema.function()["function"]["name"], name);
             assert_eq!(schema.parameters["type"], "object");

@@ -1,12 +1,16 @@
 //! Running the model's tool calls: each on the tool gateway, its
 //! observation appended as a tool message, and what the searches found
 //! kept for the submission without ids and for citations; the answer tools
-//! end the episode.
+//! end the episode. Where the policy is offered `follow_lead`, every
+//! search's observation ends with its leads, and a `follow_lead` call is
+//! run as `bm25_search` of the lead it numbers.
 
-use sleuth_chat::bridge::WordStats;
-use sleuth_chat::observation::{SUBMITTED, Searched, ranking};
+use serde_json::json;
+use sleuth_chat::bridge::{WordStats, bridges};
+use sleuth_chat::observation::{LEADS, SEARCH_HITS, SUBMITTED, Searched, parse_search_results, ranking, with_leads};
+use sleuth_chat::tools::{BM25_SEARCH, FOLLOW_LEAD, SEARCH_TOOLS};
 use sleuth_kit::client::within;
-use sleuth_proto::common::v1::{ChatMessage, EpisodeOutcome};
+use sleuth_proto::common::v1::{ChatMessage, EpisodeOutcome, ToolCall};
 use sleuth_proto::tools::v1 as tools;
 use tonic::Code;
 
@@ -16,18 +20,72 @@ use crate::prompt::{SUBMIT_ANSWER, SUBMIT_TOOL, parse_answer, parse_submission};
 /// What an episode's searches found: each search's hit ids, in order (what
 /// a submission without ids ranks), every document a tool showed (what a
 /// citation may count for), and, for a teacher, the collection's
-/// statistics of every word they showed (`None` asks the gateway for none).
+/// statistics of every word they showed (`None` asks the gateway for
+/// none), and the leads `follow_lead` follows, where it is offered.
 pub(crate) struct Found {
     pub searches: Vec<Searched>,
     pub shown: Vec<String>,
     pub word_stats: Option<WordStats>,
+    pub leads: Option<Leads>,
+}
+
+/// The leads of an episode whose policy is offered `follow_lead`.
+pub(crate) struct Leads {
+    /// The question and every query searched: what no lead repeats.
+    known: Vec<String>,
+    /// The leads listed under the latest search's results, most salient first.
+    listed: Vec<String>,
 }
 
 impl Found {
+    /// Nothing found yet for `question`; `statistics`: ask the gateway for
+    /// the statistics of the words shown (a scripted teacher ranks bridges
+    /// by them); `follow`: `follow_lead` is offered, so searches list leads
+    /// (which are ranked by the same statistics).
+    pub fn new(question: &str, statistics: bool, follow: bool) -> Self {
+        let leads = follow.then(|| Leads { known: vec![question.to_owned()], listed: Vec::new() });
+        let word_stats = (statistics || follow).then(WordStats::default);
+        Self { searches: Vec::new(), shown: Vec::new(), word_stats, leads }
+    }
+
     fn show(&mut self, id: &str) {
         if !self.shown.iter().any(|seen| seen == id) {
             self.shown.push(id.to_owned());
         }
+    }
+
+    /// The `bm25_search` call a `follow_lead` call's arguments ask for, or
+    /// why there is none (for the model to read and correct).
+    fn follow(&self, arguments_json: &str) -> Result<String, String> {
+        let listed = self.leads.as_ref().map_or(&[][..], |leads| &leads.listed[..]);
+        let arguments: serde_json::Value =
+            serde_json::from_str(arguments_json).map_err(|e| format!("arguments are not JSON: {e}"))?;
+        let n = arguments
+            .get("n")
+            .and_then(|n| n.as_u64())
+            .ok_or(format!("\"n\" must be a lead's number, 1 to {LEADS}"))?;
+        let lead = match n.checked_sub(1).and_then(|i| listed.get(i as usize)) {
+            Some(lead) => lead,
+            None if listed.is_empty() => return Err("the latest search listed no leads".into()),
+            None => return Err(format!("no lead {n}: the latest search listed {}", listed.len())),
+        };
+        Ok(json!({"query": lead, "k": SEARCH_HITS}).to_string())
+    }
+
+    /// `observation` of a search for `arguments_json`'s query with the leads
+    /// its results offer, which become the ones `follow_lead` numbers.
+    fn list_leads(&mut self, observation: String, arguments_json: &str) -> String {
+        let (Some(leads), Some(stats)) = (self.leads.as_mut(), self.word_stats.as_ref()) else {
+            return observation;
+        };
+        let arguments: serde_json::Value = serde_json::from_str(arguments_json).unwrap_or_default();
+        if let Some(query) = arguments.get("query").and_then(|q| q.as_str()) {
+            leads.known.push(query.to_owned());
+        }
+        leads.listed = bridges(&parse_search_results(&observation), &leads.known, stats);
+        leads.listed.truncate(LEADS);
+        leads.listed.iter_mut().for_each(|lead| *lead = lead.trim().to_owned());
+        with_leads(&observation, &leads.listed)
     }
 }
 
@@ -59,21 +117,26 @@ pub(crate) async fn run_tools(
                 Ok(answer) => return Some(End { answer: Some(answer), ..End::new(EpisodeOutcome::Completed, "") }),
                 // Like a malformed tool call: the model sees why and may answer again.
                 Err(why) => {
-                    messages.push(ChatMessage {
-                        role: "tool".into(),
-                        content: format!("Error: {SUBMIT_ANSWER}: {why}"),
-                        tool_call_id: call.id.clone(),
-                        name: call.name.clone(),
-                        ..Default::default()
-                    });
+                    messages.push(observed(call, format!("Error: {SUBMIT_ANSWER}: {why}")));
                     continue;
                 }
             }
         }
+        // A lead is followed as the policy would search it by name.
+        let (name, arguments_json) = match call.name == FOLLOW_LEAD && found.leads.is_some() {
+            true => match found.follow(&call.arguments_json) {
+                Ok(arguments) => (BM25_SEARCH.to_owned(), arguments),
+                Err(why) => {
+                    messages.push(observed(call, format!("Error: {FOLLOW_LEAD}: {why}")));
+                    continue;
+                }
+            },
+            false => (call.name.clone(), call.arguments_json.clone()),
+        };
         let request = tools::CallToolRequest {
             collection: collection.to_owned(),
-            name: call.name.clone(),
-            arguments_json: call.arguments_json.clone(),
+            name: name.clone(),
+            arguments_json: arguments_json.clone(),
             observation_char_cap: cap,
             episode_id: episode_id.to_owned(),
             // A submission without ids ranks to the depth the metric scores.
@@ -105,23 +168,59 @@ pub(crate) async fn run_tools(
                         stats.df.extend(response.word_df);
                         stats.documents = response.documents;
                     }
-                    response.observation
+                    match SEARCH_TOOLS.contains(&name.as_str()) {
+                        true => found.list_leads(response.observation, &arguments_json),
+                        false => response.observation,
+                    }
                 }
                 // The model's mistake (bad arguments, unknown tool or document): it sees the error and can recover.
                 Err(status) if matches!(status.code(), Code::InvalidArgument | Code::NotFound) => {
                     format!("Error: {}", status.message())
                 }
                 Err(status) => {
-                    return Some(End::new(EpisodeOutcome::ToolError, format!("{}: {}", call.name, status.message())));
+                    return Some(End::new(EpisodeOutcome::ToolError, format!("{name}: {}", status.message())));
                 }
             };
-        messages.push(ChatMessage {
-            role: "tool".into(),
-            content: observation,
-            tool_call_id: call.id.clone(),
-            name: call.name.clone(),
-            ..Default::default()
-        });
+        messages.push(observed(call, observation));
     }
     None
+}
+
+/// The tool message answering `call`.
+fn observed(call: &ToolCall, content: String) -> ChatMessage {
+    ChatMessage {
+        role: "tool".into(),
+        content,
+        tool_call_id: call.id.clone(),
+        name: call.name.clone(),
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn leads_are_listed_under_searches_and_followed_by_number() {
+        let mut found = Found::new("Who founded Klabou Atelier?", false, true);
+        let stats = found.word_stats.as_mut().unwrap();
+        stats.documents = 100;
+        stats.df.extend([("ada".to_owned(), 4), ("varnok".to_owned(), 3), ("started".to_owned(), 40)]);
+        assert_eq!(found.follow(r#"{"n": 1}"#).unwrap_err(), "the latest search listed no leads");
+        let observation = "bm25_search results for \"q\":\n[1] doc_id: o3 | Klabou Atelier\nKlabou Atelier was started by Ada Varnok.\n";
+        let listed = found.list_leads(observation.to_owned(), r#"{"query": "Who founded Klabou Atelier?"}"#);
+        assert!(listed.ends_with("Leads to follow: 1. Ada Varnok; 2. started\n"), "{listed}");
+        let followed: serde_json::Value = serde_json::from_str(&found.follow(r#"{"n": 1}"#).unwrap()).unwrap();
+        assert_eq!(followed, json!({"query": "Ada Varnok", "k": SEARCH_HITS}));
+        assert_eq!(found.follow(r#"{"n": 3}"#).unwrap_err(), "no lead 3: the latest search listed 2");
+        for bad in [r#"{"n": 0}"#, r#"{"n": "1"}"#, "{}"] {
+            assert!(found.follow(bad).is_err(), "{bad}");
+        }
+        assert!(found.follow("nope").unwrap_err().contains("not JSON"));
+        // A lead searched is known: the next search lists none that repeat it.
+        let person = "bm25_search results for \"Ada Varnok\":\n[1] doc_id: p3 | Ada Varnok\nAda Varnok started.\n";
+        let next = found.list_leads(person.to_owned(), r#"{"query": "Ada Varnok", "k": 5}"#);
+        assert!(next.ends_with("Leads to follow: 1. started\n"), "{next}");
+    }
 }

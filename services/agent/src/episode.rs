@@ -3,9 +3,8 @@
 //! with citations) or a budget ends it.
 //! History is never truncated; the outcome says what ended the episode.
 
-use sleuth_chat::bridge::WordStats;
 use sleuth_chat::observation::SEARCH_HITS;
-use sleuth_chat::tools::SEARCH_TOOLS;
+use sleuth_chat::tools::{BM25_SEARCH, SEARCH_TOOLS};
 use sleuth_kit::client::{MeshChannel, within};
 use sleuth_proto::agent::v1::{AgentConfig, RunEpisodeRequest};
 use sleuth_proto::common::v1::{ChatMessage, Episode, EpisodeOutcome, SamplingParams, SegmentKind, ToolCall, ToolSpec};
@@ -19,7 +18,7 @@ use tracing::Instrument as _;
 use crate::budget::Budget;
 use crate::calls::{Found, run_tools};
 use crate::model_teacher::{ModelTeacher, TeacherEndpoint};
-use crate::prompt::{ANSWER_TOOLS, Answer, SUBMIT_ANSWER, SUBMIT_TOOL, SYSTEM_PROMPT, answer_tool};
+use crate::prompt::{ANSWER_TOOLS, Answer, FOLLOW_LEAD, SUBMIT_ANSWER, SUBMIT_TOOL, SYSTEM_PROMPT, agent_tool};
 
 /// The observation after a tool call the gateway could not parse.
 pub const MALFORMED_CALL: &str = "Error: the tool call could not be parsed. Call tools as \
@@ -118,7 +117,7 @@ pub async fn run(clients: &Clients, request: &RunEpisodeRequest) -> Episode {
         ChatMessage { role: "user".into(), content: task.question.clone(), ..Default::default() },
     ];
     let mut turns = 0u32;
-    let mut found = Found { searches: Vec::new(), shown: Vec::new(), word_stats: None };
+    let mut found = Found::new(&task.question, false, false);
     let end = match offered_tools(clients, &task.collection, &config).await {
         Err(end) => end,
         Ok(tool_specs) => 'episode: {
@@ -128,7 +127,8 @@ pub async fn run(clients: &Clients, request: &RunEpisodeRequest) -> Episode {
             };
             let mut used_tokens = 0u32;
             // A scripted teacher ranks bridges by the collection's statistics.
-            found.word_stats = matches!(teacher, Some(Teacher::Scripted(_))).then(WordStats::default);
+            let scripted = matches!(teacher, Some(Teacher::Scripted(_)));
+            found = Found::new(&task.question, scripted, tool_specs.iter().any(|t| t.name == FOLLOW_LEAD));
             if !config.opening_search.is_empty() {
                 let cap = budget.observation_char_cap;
                 let opened =
@@ -283,30 +283,45 @@ fn teacher_for(
     };
     let seed = config.sampling.as_ref().and_then(|s| s.seed).unwrap_or_else(|| sleuth_kit::seed::derive(0, episode_id));
     let opened = !config.opening_search.is_empty();
-    let in_words = offered.iter().any(|t| t.name == SUBMIT_ANSWER);
+    let answering = crate::teacher::Answering {
+        in_words: offered.iter().any(|t| t.name == SUBMIT_ANSWER),
+        follow: offered.iter().any(|t| t.name == FOLLOW_LEAD),
+    };
     let strategy = spec.choose(seed, offered)?;
-    Ok(Some(Teacher::Scripted(crate::teacher::Teacher::new(strategy, question, opened, in_words, seed))))
+    Ok(Some(Teacher::Scripted(crate::teacher::Teacher::new(strategy, question, opened, answering, seed))))
 }
 
-/// The collection's tools (those `config.tools` names, or all) and the
-/// answer tools it names ([`ANSWER_TOOLS`]; `submit_ranking` when it names
-/// none).
+/// The collection's tools (those `config.tools` names, or all), then the
+/// agent's own: [`FOLLOW_LEAD`] when named (it searches with the
+/// collection's `bm25_search`), and the answer tools named
+/// ([`ANSWER_TOOLS`]; `submit_ranking` when none is).
 async fn offered_tools(clients: &Clients, collection: &str, config: &AgentConfig) -> Result<Vec<ToolSpec>, End> {
     let listing = tools::ListToolsRequest { collection: collection.to_owned() };
     let listed = within(clients.tool_timeout, listing, async |r| clients.tools.clone().list_tools(r).await)
         .await
         .map_err(|status| End::new(EpisodeOutcome::ToolError, format!("listing tools: {}", status.message())))?
         .into_inner();
+    let named = |name: &str| config.tools.iter().any(|n| n == name);
+    let follow = named(FOLLOW_LEAD);
+    if follow && !listed.tools.iter().any(|t| t.name == BM25_SEARCH) {
+        let why = format!(
+            "config.tools names {FOLLOW_LEAD}, which searches with {BM25_SEARCH}, not offered by collection {collection:?}"
+        );
+        return Err(End::new(EpisodeOutcome::ToolError, why));
+    }
     let mut offered: Vec<ToolSpec> =
-        listed.tools.into_iter().filter(|t| config.tools.is_empty() || config.tools.contains(&t.name)).collect();
-    let answering = |name: &&String| ANSWER_TOOLS.contains(&name.as_str());
-    if let Some(unknown) = config.tools.iter().find(|n| !answering(n) && !offered.iter().any(|t| &t.name == *n)) {
+        listed.tools.into_iter().filter(|t| config.tools.is_empty() || named(&t.name)).collect();
+    let own = |name: &&String| ANSWER_TOOLS.contains(&name.as_str()) || *name == FOLLOW_LEAD;
+    if let Some(unknown) = config.tools.iter().find(|n| !own(n) && !offered.iter().any(|t| &t.name == *n)) {
         return Err(End::new(EpisodeOutcome::ToolError, format!("config.tools names unknown tool {unknown:?}")));
     }
-    let named: Vec<&String> = config.tools.iter().filter(answering).collect();
-    match named.is_empty() {
-        true => offered.push(answer_tool(SUBMIT_TOOL)),
-        false => offered.extend(named.into_iter().map(|name| answer_tool(name))),
+    if follow {
+        offered.push(agent_tool(FOLLOW_LEAD));
+    }
+    let answers: Vec<&str> = ANSWER_TOOLS.into_iter().filter(|name| named(name)).collect();
+    match answers.is_empty() {
+        true => offered.push(agent_tool(SUBMIT_TOOL)),
+        false => offered.extend(answers.into_iter().map(agent_tool)),
     }
     Ok(offered)
 }

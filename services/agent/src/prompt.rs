@@ -6,6 +6,8 @@ use sleuth_proto::common::v1::ToolSpec;
 
 /// Both answer tools.
 pub use sleuth_chat::tools::ANSWER_TOOLS;
+/// The tool that searches a lead the latest results list, by its number.
+pub use sleuth_chat::tools::FOLLOW_LEAD;
 /// The tool the agent answers with in words, citing documents.
 pub use sleuth_chat::tools::SUBMIT_ANSWER;
 /// The tool the agent answers with a ranking (the default answer tool).
@@ -15,11 +17,12 @@ pub use sleuth_chat::tools::SUBMIT_RANKING as SUBMIT_TOOL;
 /// fresh policy's copy pre-training shows the same context).
 pub use sleuth_chat::SYSTEM_PROMPT;
 
-/// The answer tool `name` ([`ANSWER_TOOLS`]): `submit_ranking`, a ranked
-/// list of document ids (which may be left out, see [`parse_submission`]),
-/// or `submit_answer`, words and citations ([`parse_answer`]).
-pub fn answer_tool(name: &str) -> ToolSpec {
-    let schema = ToolSchema::named(name).expect("every answer tool has a schema");
+/// A tool the agent runs itself rather than the tool gateway: an answer
+/// tool ([`ANSWER_TOOLS`]: `submit_ranking`, a ranked list of document ids,
+/// which may be left out, see [`parse_submission`], or `submit_answer`,
+/// words and citations, [`parse_answer`]), or [`FOLLOW_LEAD`].
+pub fn agent_tool(name: &str) -> ToolSpec {
+    let schema = ToolSchema::named(name).expect("every agent tool has a schema");
     ToolSpec {
         name: schema.name.to_owned(),
         description: schema.description.to_owned(),

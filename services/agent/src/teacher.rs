@@ -14,7 +14,10 @@
 //! `submit_answer`), the teacher answers with the bridge its last search
 //! shows (the entity one more hop would have searched: the chain's end;
 //! an exploring strategy draws it like a hop) and cites the first hit of
-//! each of its searches (the chain it followed). `mixture` draws one strategy per episode from the
+//! each of its searches (the chain it followed). Where the policy is
+//! offered `follow_lead`, a hop follows the lead of that number instead of
+//! searching its name: the leads are these bridges, listed under each
+//! search's results. `mixture` draws one strategy per episode from the
 //! episode's seed, among those whose tool is offered: how many hops, and
 //! whether each hop follows the most salient bridge or explores one of the
 //! [`EXPLORED`] most salient (drawn per hop from the seed). Which choice
@@ -23,10 +26,10 @@
 
 use serde_json::json;
 use sleuth_chat::bridge::{WordStats, bridges};
-use sleuth_chat::observation::{ListedHit, SEARCH_HITS, parse_search_results};
+use sleuth_chat::observation::{ListedHit, SEARCH_HITS, parse_leads, parse_search_results};
 use sleuth_proto::common::v1::ToolSpec;
 
-use crate::prompt::{SUBMIT_ANSWER, SUBMIT_TOOL};
+use crate::prompt::{FOLLOW_LEAD, SUBMIT_ANSWER, SUBMIT_TOOL};
 
 /// The most bridges a strategy follows.
 const MAX_HOPS: u32 = 3;
@@ -119,6 +122,15 @@ impl TeacherSpec {
     }
 }
 
+/// Which of the agent's own tools a teacher answers and hops with.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Answering {
+    /// Answer in words with citations (`submit_answer`), not a ranking.
+    pub in_words: bool,
+    /// Hop with `follow_lead` (the lead's number) instead of searching the bridge.
+    pub follow: bool,
+}
+
 /// A teacher following one strategy through one episode.
 pub struct Teacher {
     strategy: Strategy,
@@ -129,8 +141,9 @@ pub struct Teacher {
     searched: Vec<String>,
     /// The latest search's hits.
     latest: Vec<ListedHit>,
-    /// Answer in words with citations (`submit_answer`), not a ranking.
-    in_words: bool,
+    /// The leads listed under them, where `follow_lead` is offered.
+    leads: Vec<String>,
+    answering: Answering,
     /// The first hit of each search so far: the documents an answer cites.
     chain: Vec<String>,
 }
@@ -138,11 +151,12 @@ pub struct Teacher {
 impl Teacher {
     /// A teacher for `question`; `opened`: the agent searched the question
     /// before the first turn (`opening_search`), so the teacher starts from
-    /// its results; `in_words`: answer with `submit_answer`.
-    pub fn new(strategy: Strategy, question: &str, opened: bool, in_words: bool, seed: u64) -> Self {
+    /// its results; `answering`: the agent's own tools it uses.
+    pub fn new(strategy: Strategy, question: &str, opened: bool, answering: Answering, seed: u64) -> Self {
         let searched = if opened { vec![question.to_owned()] } else { Vec::new() };
         let question = question.to_owned();
-        Self { strategy, seed, question, searched, latest: Vec::new(), in_words, chain: Vec::new() }
+        let (latest, leads, chain) = (Vec::new(), Vec::new(), Vec::new());
+        Self { strategy, seed, question, searched, latest, leads, answering, chain }
     }
 
     /// The next reply, given the observation of the previous call (none on
@@ -152,6 +166,7 @@ impl Teacher {
     pub fn reply(&mut self, observation: Option<&str>, stats: &WordStats, turns_left: u32) -> String {
         if let Some(observation) = observation {
             self.latest = parse_search_results(observation);
+            self.leads = parse_leads(observation);
             if let Some(first) = self.latest.first().filter(|hit| !self.chain.contains(&hit.id)) {
                 self.chain.push(first.id.clone());
             }
@@ -161,7 +176,12 @@ impl Teacher {
         }
         let more_hops = self.searched.len() <= self.strategy.hops as usize;
         match self.bridge(stats).filter(|_| more_hops && turns_left > 1) {
-            Some(name) => self.search(name),
+            Some((n, lead)) if self.answering.follow => {
+                tracing::debug!(question = %self.question, lead = %lead, "teacher follows lead {}", n + 1);
+                self.searched.push(lead);
+                call(FOLLOW_LEAD, &json!({"n": n + 1}))
+            }
+            Some((_, name)) => self.search(name),
             None => self.submit(stats),
         }
     }
@@ -173,17 +193,22 @@ impl Teacher {
         call
     }
 
-    /// The query following the strategy's pick of the latest results' bridges.
-    fn bridge(&self, stats: &WordStats) -> Option<String> {
+    /// The strategy's pick of the latest results' bridges (the leads they
+    /// list, where `follow_lead` is offered: the same ranking, as the agent
+    /// computed it), and its rank from 0.
+    fn bridge(&self, stats: &WordStats) -> Option<(usize, String)> {
         let known: Vec<String> = std::iter::once(&self.question).chain(&self.searched).cloned().collect();
-        let mut ranked = bridges(&self.latest, &known, stats);
+        let mut ranked = match self.answering.follow {
+            true => self.leads.clone(),
+            false => bridges(&self.latest, &known, stats),
+        };
         let hop = self.searched.len();
         let pick = match self.strategy.explore {
             true => (sleuth_kit::seed::derive(self.seed, &format!("hop {hop}")) % EXPLORED) as usize,
             false => 0,
         };
         let pick = pick.min(ranked.len().saturating_sub(1));
-        (!ranked.is_empty()).then(|| ranked.swap_remove(pick))
+        (!ranked.is_empty()).then(|| (pick, ranked.swap_remove(pick)))
     }
 
     /// A ranking submitted without ids: what the searches found, the last
@@ -195,11 +220,11 @@ impl Teacher {
     /// salient, drawn from the seed), or the title of the latest first hit
     /// when the results show none; citing the chain.
     fn submit(&self, stats: &WordStats) -> String {
-        if !self.in_words {
+        if !self.answering.in_words {
             return call(SUBMIT_TOOL, &json!({}));
         }
-        let answer =
-            self.bridge(stats).or_else(|| self.latest.first().map(|hit| hit.title.clone())).unwrap_or_default();
+        let bridge = self.bridge(stats).map(|(_, name)| name);
+        let answer = bridge.or_else(|| self.latest.first().map(|hit| hit.title.clone())).unwrap_or_default();
         call(SUBMIT_ANSWER, &json!({"answer": answer.trim(), "citations": self.chain}))
     }
 }
@@ -261,7 +286,7 @@ mod tests {
             strategy,
             "Name the river near the residence of the founder of Klabou Atelier.",
             false,
-            false,
+            Answering::default(),
             0,
         );
         let first = teacher.reply(None, &stats(), 5);
@@ -280,15 +305,25 @@ mod tests {
     #[test]
     fn after_an_opening_search_the_teacher_bridges_from_its_results() {
         let question = "Name the river near the residence of the founder of Klabou Atelier.";
-        let mut teacher =
-            Teacher::new(Strategy { tool: "bm25_search", hops: 1, explore: false }, question, true, false, 0);
+        let mut teacher = Teacher::new(
+            Strategy { tool: "bm25_search", hops: 1, explore: false },
+            question,
+            true,
+            Answering::default(),
+            0,
+        );
         let company = "bm25_search results for \"...\":\n[1] doc_id: o3 | Klabou Atelier\nKlabou Atelier was started by Ada Varnok in 1903.\n";
         assert!(teacher.reply(Some(company), &stats(), 4).contains(r#""query": " Ada Varnok""#));
         let person =
             "bm25_search results for \"Ada Varnok\":\n[1] doc_id: p3 | Ada Varnok\nAda Varnok lives in Foukur.\n";
         assert!(teacher.reply(Some(person), &stats(), 3).contains(r#""name": "submit_ranking""#), "one hop only");
-        let mut at_once =
-            Teacher::new(Strategy { tool: "bm25_search", hops: 0, explore: false }, question, true, false, 0);
+        let mut at_once = Teacher::new(
+            Strategy { tool: "bm25_search", hops: 0, explore: false },
+            question,
+            true,
+            Answering::default(),
+            0,
+        );
         assert!(at_once.reply(Some(company), &stats(), 4).contains(r#""name": "submit_ranking""#));
     }
 
@@ -296,7 +331,7 @@ mod tests {
     fn in_words_the_teacher_answers_with_the_chains_end_and_cites_the_chain() {
         let question = "Name the river near the residence of the founder of Klabou Atelier.";
         let strategy = Strategy { tool: "bm25_search", hops: 2, explore: false };
-        let mut teacher = Teacher::new(strategy, question, true, true, 0);
+        let mut teacher = Teacher::new(strategy, question, true, Answering { in_words: true, follow: false }, 0);
         let company = "bm25_search results for \"...\":\n[1] doc_id: o3 | Klabou Atelier\nKlabou Atelier was started by Ada Varnok in 1903.\n";
         assert!(teacher.reply(Some(company), &stats(), 5).contains(r#""query": " Ada Varnok""#));
         let person = "bm25_search results for \"Ada Varnok\":\n[1] doc_id: p3 | Ada Varnok\nAda Varnok lives in Foukur and earns a living as a potter.\n";
@@ -315,7 +350,7 @@ mod tests {
             Strategy { tool: "bm25_search", hops: 2, explore: false },
             "why does it rain",
             false,
-            false,
+            Answering::default(),
             0,
         );
         teacher.reply(None, &stats(), 2);
@@ -325,19 +360,47 @@ mod tests {
     }
 
     #[test]
+    fn offered_follow_lead_a_hop_follows_the_listed_leads_number() {
+        let question = "Name the river near the residence of the founder of Klabou Atelier.";
+        let follow = Answering { in_words: false, follow: true };
+        let company = "bm25_search results for \"...\":\n[1] doc_id: o3 | Klabou Atelier\nKlabou Atelier was started by Ada Varnok in 1903.\nLeads to follow: 1. Ada Varnok; 2. Razak; 3. regatta\n";
+        let mut teacher =
+            Teacher::new(Strategy { tool: "bm25_search", hops: 2, explore: false }, question, true, follow, 0);
+        let hop = teacher.reply(Some(company), &stats(), 5);
+        assert_eq!(hop, r#"<tool_call>[{"name": "follow_lead", "arguments": {"n": 1}}]</tool_call>"#);
+        let person =
+            "bm25_search results for \"Ada Varnok\":\n[1] doc_id: p3 | Ada Varnok\nAda Varnok lives in Foukur.\n";
+        assert!(teacher.reply(Some(person), &stats(), 4).contains(r#""name": "submit_ranking""#), "no leads: submit");
+        let explore = Strategy { tool: "bm25_search", hops: 1, explore: true };
+        let followed: std::collections::BTreeSet<String> = (0..32)
+            .map(|seed| Teacher::new(explore, question, true, follow, seed).reply(Some(company), &stats(), 4))
+            .collect();
+        let numbers: Vec<bool> =
+            (1..=3).map(|n| followed.iter().any(|r| r.contains(&format!(r#""n": {n}"#)))).collect();
+        assert_eq!(numbers, [true, true, true], "{followed:#?}");
+    }
+
+    #[test]
     fn a_lower_case_identifier_is_a_bridge_and_exploring_hops_draw_others() {
         let question = "What does the service that kaquka-worker calls for downstream work handle?";
         let service = "bm25_search results for \"...\":\n[1] doc_id: s1 | kaquka-worker\nkaquka-worker is written in Elixir and calls rhabeksa-store for downstream work.\n";
         let mut stats = stats();
         stats.df.insert("elixir".to_owned(), 15);
-        let mut first =
-            Teacher::new(Strategy { tool: "bm25_search", hops: 1, explore: false }, question, true, false, 0);
+        let mut first = Teacher::new(
+            Strategy { tool: "bm25_search", hops: 1, explore: false },
+            question,
+            true,
+            Answering::default(),
+            0,
+        );
         assert!(first.reply(Some(service), &stats, 4).contains(r#""query": " rhabeksa-store""#));
         // Three bridges, each drawn by some seed.
         stats.df.insert("written".to_owned(), 60);
         let explore = Strategy { tool: "bm25_search", hops: 1, explore: true };
         let explored: std::collections::BTreeSet<String> = (0..32)
-            .map(|seed| Teacher::new(explore, question, true, false, seed).reply(Some(service), &stats, 4))
+            .map(|seed| {
+                Teacher::new(explore, question, true, Answering::default(), seed).reply(Some(service), &stats, 4)
+            })
             .collect();
         assert_eq!(explored.len() as u64, EXPLORED, "{explored:#?}");
         assert!(explored.iter().any(|reply| reply.contains(r#""query": " Elixir""#)), "{explored:#?}");

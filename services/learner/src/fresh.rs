@@ -22,7 +22,7 @@ use serde_json::json;
 use sleuth_beir::Document;
 use sleuth_chat::tool_calls::{CLOSE, OPEN};
 use sleuth_chat::tools::{
-    BM25_SEARCH, HYBRID_SEARCH, READ_DOCUMENT, RM3_SEARCH, SUBMIT_ANSWER, SUBMIT_RANKING, VECTOR_SEARCH,
+    BM25_SEARCH, FOLLOW_LEAD, HYBRID_SEARCH, READ_DOCUMENT, RM3_SEARCH, SUBMIT_ANSWER, SUBMIT_RANKING, VECTOR_SEARCH,
 };
 use sleuth_model::export::{TinyShape, llama_config, write_random};
 use tokenizers::decoders::DecoderWrapper;
@@ -229,7 +229,7 @@ fn train_tokenizer(texts: &[String], vocab_size: usize, tools: &[String]) -> Res
     let protocol: Vec<AddedToken> = [OPEN, CLOSE]
         .into_iter()
         .chain([BM25_SEARCH, VECTOR_SEARCH, HYBRID_SEARCH, READ_DOCUMENT, SUBMIT_RANKING])
-        .chain([SUBMIT_ANSWER, RM3_SEARCH].into_iter().filter(offered))
+        .chain([SUBMIT_ANSWER, RM3_SEARCH, FOLLOW_LEAD].into_iter().filter(offered))
         .map(|t| AddedToken::from(t, false))
         .collect();
     let mut trainer: TrainerWrapper = BpeTrainerBuilder::new()
@@ -290,5 +290,6 @@ mod tests {
         assert_eq!(tokens(&["bm25_search"], BM25_SEARCH), 1);
         assert!(tokens(&["bm25_search"], RM3_SEARCH) > 1, "a policy not offered rm3_search keeps its vocabulary");
         assert_eq!(tokens(&["bm25_search", "rm3_search"], RM3_SEARCH), 1);
+        assert_eq!(tokens(&["bm25_search", "follow_lead"], FOLLOW_LEAD), 1);
     }
 }

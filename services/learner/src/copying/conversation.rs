@@ -6,9 +6,11 @@
 use serde_json::{Value as Json, json};
 use sleuth_beir::Document;
 use sleuth_chat::bridge::{WordStats, bridges};
-use sleuth_chat::observation::{Hit, SEARCH_HITS, parse_search_results, search_results, shorten};
+use sleuth_chat::observation::{Hit, LEADS, SEARCH_HITS, parse_search_results, search_results, shorten, with_leads};
 use sleuth_chat::tool_calls_text;
-use sleuth_chat::tools::{READ_DOCUMENT, SEARCH_TOOLS, SUBMIT_ANSWER, SUBMIT_RANKING, ToolSchema};
+use sleuth_chat::tools::{
+    BM25_SEARCH, FOLLOW_LEAD, READ_DOCUMENT, SEARCH_TOOLS, SUBMIT_ANSWER, SUBMIT_RANKING, ToolSchema,
+};
 
 use crate::Error;
 use crate::batch::Sample;
@@ -109,6 +111,9 @@ pub(crate) struct Offered {
     searches: Vec<&'static str>,
     /// The answer tool: `submit_answer` when named, else `submit_ranking`.
     answer: &'static str,
+    /// `follow_lead` is offered: searches list their leads, and a bridge is
+    /// followed by its number.
+    follow: bool,
     /// Every schema (the answer tool last), as OpenAI `tools` entries.
     pub schemas: Vec<Json>,
 }
@@ -120,7 +125,7 @@ impl Offered {
     pub fn new(names: &[String]) -> Result<Self, Error> {
         if let Some(unknown) = names.iter().find(|n| ToolSchema::named(n).is_none() || *n == SUBMIT_RANKING) {
             return Err(Error::InvalidArgument(format!(
-                "--tools names {unknown:?}, not one of {}, {READ_DOCUMENT}, {SUBMIT_ANSWER}",
+                "--tools names {unknown:?}, not one of {}, {READ_DOCUMENT}, {FOLLOW_LEAD}, {SUBMIT_ANSWER}",
                 SEARCH_TOOLS.join(", ")
             )));
         }
@@ -133,15 +138,20 @@ impl Offered {
             )));
         }
         let answer = if offered(&SUBMIT_ANSWER) { SUBMIT_ANSWER } else { SUBMIT_RANKING };
+        let follow = offered(&FOLLOW_LEAD);
+        if follow && !offered(&BM25_SEARCH) {
+            return Err(Error::InvalidArgument(format!("--tools names {FOLLOW_LEAD}, which needs {BM25_SEARCH}")));
+        }
+        // The agent's order: the gateway's tools, then its own.
         let schemas = SEARCH_TOOLS
             .into_iter()
-            .chain([READ_DOCUMENT])
+            .chain([READ_DOCUMENT, FOLLOW_LEAD])
             .filter(offered)
             .chain([answer])
             .filter_map(ToolSchema::named)
             .map(|schema| schema.function())
             .collect();
-        Ok(Self { searches, answer, schemas })
+        Ok(Self { searches, answer, follow, schemas })
     }
 }
 
@@ -203,31 +213,45 @@ pub(crate) fn conversation(source: &Source, task: Task, draw: &mut Draw) -> (Vec
         return (messages, search(tool, &question));
     }
     let mut queries = vec![question.clone()];
-    let mut bridge = None;
+    let mut bridge: Option<String> = None;
+    let follow = source.tools.follow;
     // The first hit of each search: what an answer cites.
     let mut chain: Vec<String> = Vec::new();
     let mut first_title = String::new();
     for round in 0..1 + usize::from(draw.chance(35)) {
-        let query = match (round, bridge.take()) {
-            (0, _) | (_, None) => question.clone(),
-            (_, Some(name)) => name,
+        let (query, searching) = match (round, bridge.take()) {
+            (0, _) | (_, None) => (question.clone(), search(tool, &question)),
+            // The agent searches a followed lead with BM25, by its name.
+            (_, Some(name)) if follow => (name.trim().to_owned(), follow_lead(1)),
+            (_, Some(name)) => (name.clone(), search(tool, &name)),
         };
+        let searched = if follow && round > 0 { BM25_SEARCH } else { tool };
         let hits: Vec<Hit> = (0..1 + draw.below(SEARCH_HITS))
             .map(|_| {
                 let document = draw.pick(documents);
                 Hit { id: &document.id, title: &document.title, text: &document.text }
             })
             .collect();
-        let observation = search_results(tool, &query, &hits);
+        let mut observation = search_results(searched, &query, &hits);
         let listed = parse_search_results(&observation);
-        bridge = bridges(&listed, &queries, &source.word_stats).into_iter().next();
+        queries.push(query);
+        // Leads, as the agent lists them, never repeat a query searched, the
+        // latest included; a bridge without leads is drawn as the measured
+        // fresh policies were taught, from the queries before this one.
+        let known = if follow { &queries[..] } else { &queries[..queries.len() - 1] };
+        let mut ranked = bridges(&listed, known, &source.word_stats);
+        if follow {
+            ranked.truncate(LEADS);
+            ranked.iter_mut().for_each(|lead| *lead = lead.trim().to_owned());
+            observation = with_leads(&observation, &ranked);
+        }
+        bridge = ranked.into_iter().next();
         if let Some(first) = listed.first() {
             chain.push(first.id.clone());
             first_title.clone_from(&first.title);
         }
-        messages.push(json!({"role": "assistant", "content": search(tool, &query)}));
+        messages.push(json!({"role": "assistant", "content": searching}));
         messages.push(json!({"role": "tool", "content": observation}));
-        queries.push(query);
     }
     // In words, half the bridges found are answered instead of searched:
     // copying the entity into the answer, and the ids shown into its
@@ -237,11 +261,17 @@ pub(crate) fn conversation(source: &Source, task: Task, draw: &mut Draw) -> (Vec
     };
     let reply = match (bridge, source.tools.answer == SUBMIT_ANSWER) {
         (Some(name), true) if draw.chance(50) => answer(&name),
+        (Some(_), _) if follow => follow_lead(1),
         (Some(name), _) => search(tool, &name),
         (None, true) => answer(&first_title),
         (None, false) => tool_calls_text(&[json!({"name": SUBMIT_RANKING, "arguments": {}})]),
     };
     (messages, reply)
+}
+
+/// A `follow_lead` call of lead `n`.
+fn follow_lead(n: usize) -> String {
+    tool_calls_text(&[json!({"name": FOLLOW_LEAD, "arguments": {"n": n}})])
 }
 
 /// What a conversation's sample trains.
@@ -273,7 +303,7 @@ pub(crate) fn conversation_sample(
     // may merge the name with what follows, which then stays trained).
     let named = SEARCH_TOOLS
         .into_iter()
-        .chain([SUBMIT_RANKING, SUBMIT_ANSWER])
+        .chain([FOLLOW_LEAD, SUBMIT_RANKING, SUBMIT_ANSWER])
         .filter_map(|name| reply.find(name).map(|at| at + name.len()))
         .min()
         .ok_or_else(|| Error::Train(format!("a rehearsed reply names no tool: {reply}")))?;
@@ -299,6 +329,33 @@ mod tests {
             .collect();
         let tools: Vec<String> = tools.iter().map(|t| (*t).to_owned()).collect();
         Source::new(documents, vec!["Which town is Varnok from?".into()], Offered::new(&tools).unwrap())
+    }
+
+    #[test]
+    fn offered_follow_lead_bridges_are_followed_by_number_from_listed_leads() {
+        let follow = source(&["bm25_search", "follow_lead"]);
+        let names: Vec<&Json> = follow.tools.schemas.iter().map(|s| &s["function"]["name"]).collect();
+        assert_eq!(names, ["bm25_search", "follow_lead", "submit_ranking"]);
+        let mut draw = Draw::new(3);
+        let (mut followed, mut submitted) = (0, 0);
+        for _ in 0..60 {
+            let (messages, reply) = conversation(&follow, Task::Bridge, &mut draw);
+            let last = messages.last().unwrap()["content"].as_str().unwrap();
+            let leads = sleuth_chat::observation::parse_leads(last);
+            match leads.is_empty() {
+                false => {
+                    assert_eq!(reply, follow_lead(1), "{last}");
+                    followed += 1;
+                }
+                true => {
+                    assert!(reply.contains(SUBMIT_RANKING), "{reply}");
+                    submitted += 1;
+                }
+            }
+            assert!(messages.iter().all(|m| !m["content"].as_str().unwrap_or_default().contains(r#""query": " "#)));
+        }
+        assert!(followed >= 20, "{followed} followed, {submitted} submitted");
+        assert!(Offered::new(&["vector_search".into(), "follow_lead".into()]).is_err(), "leads are searched with BM25");
     }
 
     #[test]
