@@ -18,7 +18,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use crate::observation::ListedHit;
+use crate::observation::{LEADS, ListedHit};
 
 /// Lucene's English stop words, which the gateway's BM25 analyzer drops: a
 /// phrase never starts, ends or runs through one.
@@ -177,6 +177,13 @@ pub fn bridges(hits: &[ListedHit], known: &[String], stats: &WordStats) -> Vec<S
     }
     found.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
     found.into_iter().map(|(_, _, phrase)| format!(" {phrase}")).collect()
+}
+
+/// The leads a search's `hits` list (see `crate::observation::with_leads`):
+/// their [`bridges`] as names, without the query's leading space, at most
+/// [`LEADS`]. The agent lists them and copy pre-training shows them alike.
+pub fn leads(hits: &[ListedHit], known: &[String], stats: &WordStats) -> Vec<String> {
+    bridges(hits, known, stats).into_iter().take(LEADS).map(|lead| lead.trim().to_owned()).collect()
 }
 
 /// The parts of `run` whose words weigh at least half its heaviest.

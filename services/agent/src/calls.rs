@@ -6,7 +6,7 @@
 //! run as `bm25_search` of the lead it numbers.
 
 use serde_json::json;
-use sleuth_chat::bridge::{WordStats, bridges};
+use sleuth_chat::bridge::WordStats;
 use sleuth_chat::observation::{LEADS, SEARCH_HITS, SUBMITTED, Searched, parse_search_results, ranking, with_leads};
 use sleuth_chat::tools::{BM25_SEARCH, FOLLOW_LEAD, SEARCH_TOOLS};
 use sleuth_kit::client::within;
@@ -82,9 +82,7 @@ impl Found {
         if let Some(query) = arguments.get("query").and_then(|q| q.as_str()) {
             leads.known.push(query.to_owned());
         }
-        leads.listed = bridges(&parse_search_results(&observation), &leads.known, stats);
-        leads.listed.truncate(LEADS);
-        leads.listed.iter_mut().for_each(|lead| *lead = lead.trim().to_owned());
+        leads.listed = sleuth_chat::bridge::leads(&parse_search_results(&observation), &leads.known, stats);
         with_leads(&observation, &leads.listed)
     }
 }

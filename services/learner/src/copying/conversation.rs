@@ -5,8 +5,8 @@
 
 use serde_json::{Value as Json, json};
 use sleuth_beir::Document;
-use sleuth_chat::bridge::{WordStats, bridges};
-use sleuth_chat::observation::{Hit, LEADS, SEARCH_HITS, parse_search_results, search_results, shorten, with_leads};
+use sleuth_chat::bridge::{WordStats, bridges, leads};
+use sleuth_chat::observation::{Hit, SEARCH_HITS, parse_search_results, search_results, shorten, with_leads};
 use sleuth_chat::tool_calls_text;
 use sleuth_chat::tools::{
     BM25_SEARCH, FOLLOW_LEAD, READ_DOCUMENT, SEARCH_TOOLS, SUBMIT_ANSWER, SUBMIT_RANKING, ToolSchema,
@@ -219,38 +219,38 @@ pub(crate) fn conversation(source: &Source, task: Task, draw: &mut Draw) -> (Vec
     let mut chain: Vec<String> = Vec::new();
     let mut first_title = String::new();
     for round in 0..1 + usize::from(draw.chance(35)) {
-        let (query, searching) = match (round, bridge.take()) {
-            (0, _) | (_, None) => (question.clone(), search(tool, &question)),
+        let (query, called, searched_with) = match (round, bridge.take()) {
+            (0, _) | (_, None) => (question.clone(), search(tool, &question), tool),
             // The agent searches a followed lead with BM25, by its name.
-            (_, Some(name)) if follow => (name.trim().to_owned(), follow_lead(1)),
-            (_, Some(name)) => (name.clone(), search(tool, &name)),
+            (_, Some(name)) if follow => (name, follow_lead(1), BM25_SEARCH),
+            (_, Some(name)) => (name.clone(), search(tool, &name), tool),
         };
-        let searched = if follow && round > 0 { BM25_SEARCH } else { tool };
         let hits: Vec<Hit> = (0..1 + draw.below(SEARCH_HITS))
             .map(|_| {
                 let document = draw.pick(documents);
                 Hit { id: &document.id, title: &document.title, text: &document.text }
             })
             .collect();
-        let mut observation = search_results(searched, &query, &hits);
+        let mut observation = search_results(searched_with, &query, &hits);
         let listed = parse_search_results(&observation);
         queries.push(query);
         // Leads, as the agent lists them, never repeat a query searched, the
         // latest included; a bridge without leads is drawn as the measured
         // fresh policies were taught, from the queries before this one.
         let known = if follow { &queries[..] } else { &queries[..queries.len() - 1] };
-        let mut ranked = bridges(&listed, known, &source.word_stats);
-        if follow {
-            ranked.truncate(LEADS);
-            ranked.iter_mut().for_each(|lead| *lead = lead.trim().to_owned());
-            observation = with_leads(&observation, &ranked);
-        }
-        bridge = ranked.into_iter().next();
+        bridge = match follow {
+            true => {
+                let names = leads(&listed, known, &source.word_stats);
+                observation = with_leads(&observation, &names);
+                names.into_iter().next()
+            }
+            false => bridges(&listed, known, &source.word_stats).into_iter().next(),
+        };
         if let Some(first) = listed.first() {
             chain.push(first.id.clone());
             first_title.clone_from(&first.title);
         }
-        messages.push(json!({"role": "assistant", "content": searching}));
+        messages.push(json!({"role": "assistant", "content": called}));
         messages.push(json!({"role": "tool", "content": observation}));
     }
     // In words, half the bridges found are answered instead of searched:
