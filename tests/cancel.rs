@@ -10,18 +10,22 @@ use sleuth_proto::common::v1::AgentBudget;
 use sleuth_proto::rollout::v1 as rollout;
 use sleuth_tests::fixture::*;
 
-/// A run of `name` that a teacher plays (fast, deterministic), one episode
-/// at a time, over more groups than are published before a cancel.
-fn teacher_run(name: &str, synth: &std::path::Path) -> rollout::RunSpec {
-    let split = |split: &str| rollout::TaskSet {
+/// The questions of `split` of the synthetic collection at `synth`.
+fn synth_split(synth: &std::path::Path, split: &str) -> rollout::TaskSet {
+    rollout::TaskSet {
         source_uri: synth.display().to_string(),
         collection: "synth".into(),
         split: split.into(),
         limit: 0,
-    };
+    }
+}
+
+/// A run of `name` that a teacher plays (fast, deterministic), one episode
+/// at a time, over more groups than are published before a cancel.
+fn teacher_run(name: &str, synth: &std::path::Path) -> rollout::RunSpec {
     rollout::RunSpec {
         name: name.into(),
-        train: Some(split("train")),
+        train: Some(synth_split(synth, "train")),
         agent: Some(AgentConfig {
             budget: Some(AgentBudget {
                 max_turns: 4,
@@ -100,12 +104,7 @@ async fn a_learner_waiting_for_a_validation_exits_when_the_run_is_cancelled() ->
     let (orchestrator, mut client) = mesh.orchestrator(&database).await?;
     let synth = scratch.path().join("synth");
     let mut spec = teacher_run(RUN, &synth);
-    spec.validation = Some(rollout::TaskSet {
-        source_uri: synth.display().to_string(),
-        collection: "synth".into(),
-        split: "validation".into(),
-        limit: 0,
-    });
+    spec.validation = Some(synth_split(&synth, "validation"));
     spec.training.as_mut().expect("training").eval_every = 1;
     // Every episode, the greedy policy's included, starts with a search.
     spec.agent.as_mut().expect("agent").opening_search = "bm25_search".into();

@@ -54,24 +54,6 @@ impl Found {
         }
     }
 
-    /// The `bm25_search` call a `follow_lead` call's arguments ask for, or
-    /// why there is none (for the model to read and correct).
-    fn follow(&self, arguments_json: &str) -> Result<String, String> {
-        let listed = self.leads.as_ref().map_or(&[][..], |leads| &leads.listed[..]);
-        let arguments: serde_json::Value =
-            serde_json::from_str(arguments_json).map_err(|e| format!("arguments are not JSON: {e}"))?;
-        let n = arguments
-            .get("n")
-            .and_then(|n| n.as_u64())
-            .ok_or(format!("\"n\" must be a lead's number, 1 to {LEADS}"))?;
-        let lead = match n.checked_sub(1).and_then(|i| listed.get(i as usize)) {
-            Some(lead) => lead,
-            None if listed.is_empty() => return Err("the latest search listed no leads".into()),
-            None => return Err(format!("no lead {n}: the latest search listed {}", listed.len())),
-        };
-        Ok(json!({"query": lead, "k": SEARCH_HITS}).to_string())
-    }
-
     /// `observation` of a search for `arguments_json`'s query with the leads
     /// its results offer, which become the ones `follow_lead` numbers.
     fn list_leads(&mut self, observation: String, arguments_json: &str) -> String {
@@ -84,6 +66,26 @@ impl Found {
         }
         leads.listed = sleuth_chat::bridge::leads(&parse_search_results(&observation), &leads.known, stats);
         with_leads(&observation, &leads.listed)
+    }
+}
+
+impl Leads {
+    /// The `bm25_search` call a `follow_lead` call's arguments ask for, or
+    /// why there is none (for the model to read and correct).
+    fn follow(&self, arguments_json: &str) -> Result<String, String> {
+        let listed = &self.listed;
+        let arguments: serde_json::Value =
+            serde_json::from_str(arguments_json).map_err(|e| format!("arguments are not JSON: {e}"))?;
+        let n = arguments
+            .get("n")
+            .and_then(|n| n.as_u64())
+            .ok_or(format!("\"n\" must be a lead's number, 1 to {LEADS}"))?;
+        let lead = match n.checked_sub(1).and_then(|i| listed.get(i as usize)) {
+            Some(lead) => lead,
+            None if listed.is_empty() => return Err("the latest search listed no leads".into()),
+            None => return Err(format!("no lead {n}: the latest search listed {}", listed.len())),
+        };
+        Ok(json!({"query": lead, "k": SEARCH_HITS}).to_string())
     }
 }
 
@@ -121,15 +123,14 @@ pub(crate) async fn run_tools(
             }
         }
         // A lead is followed as the policy would search it by name.
-        let (name, arguments_json) = match call.name == FOLLOW_LEAD && found.leads.is_some() {
-            true => match found.follow(&call.arguments_json) {
-                Ok(arguments) => (BM25_SEARCH.to_owned(), arguments),
-                Err(why) => {
-                    messages.push(observed(call, format!("Error: {FOLLOW_LEAD}: {why}")));
-                    continue;
-                }
-            },
-            false => (call.name.clone(), call.arguments_json.clone()),
+        let leads = found.leads.as_ref().filter(|_| call.name == FOLLOW_LEAD);
+        let (name, arguments_json) = match leads.map(|leads| leads.follow(&call.arguments_json)) {
+            Some(Ok(arguments)) => (BM25_SEARCH.to_owned(), arguments),
+            Some(Err(why)) => {
+                messages.push(observed(call, format!("Error: {FOLLOW_LEAD}: {why}")));
+                continue;
+            }
+            None => (call.name.clone(), call.arguments_json.clone()),
         };
         let request = tools::CallToolRequest {
             collection: collection.to_owned(),
@@ -199,23 +200,27 @@ fn observed(call: &ToolCall, content: String) -> ChatMessage {
 mod tests {
     use super::*;
 
+    fn follow(found: &Found, arguments_json: &str) -> Result<String, String> {
+        found.leads.as_ref().expect("follow_lead is offered").follow(arguments_json)
+    }
+
     #[test]
     fn leads_are_listed_under_searches_and_followed_by_number() {
         let mut found = Found::new("Who founded Klabou Atelier?", false, true);
         let stats = found.word_stats.as_mut().unwrap();
         stats.documents = 100;
         stats.df.extend([("ada".to_owned(), 4), ("varnok".to_owned(), 3), ("started".to_owned(), 40)]);
-        assert_eq!(found.follow(r#"{"n": 1}"#).unwrap_err(), "the latest search listed no leads");
+        assert_eq!(follow(&found, r#"{"n": 1}"#).unwrap_err(), "the latest search listed no leads");
         let observation = "bm25_search results for \"q\":\n[1] doc_id: o3 | Klabou Atelier\nKlabou Atelier was started by Ada Varnok.\n";
         let listed = found.list_leads(observation.to_owned(), r#"{"query": "Who founded Klabou Atelier?"}"#);
         assert!(listed.ends_with("Leads to follow: 1. Ada Varnok; 2. started\n"), "{listed}");
-        let followed: serde_json::Value = serde_json::from_str(&found.follow(r#"{"n": 1}"#).unwrap()).unwrap();
+        let followed: serde_json::Value = serde_json::from_str(&follow(&found, r#"{"n": 1}"#).unwrap()).unwrap();
         assert_eq!(followed, json!({"query": "Ada Varnok", "k": SEARCH_HITS}));
-        assert_eq!(found.follow(r#"{"n": 3}"#).unwrap_err(), "no lead 3: the latest search listed 2");
+        assert_eq!(follow(&found, r#"{"n": 3}"#).unwrap_err(), "no lead 3: the latest search listed 2");
         for bad in [r#"{"n": 0}"#, r#"{"n": "1"}"#, "{}"] {
-            assert!(found.follow(bad).is_err(), "{bad}");
+            assert!(follow(&found, bad).is_err(), "{bad}");
         }
-        assert!(found.follow("nope").unwrap_err().contains("not JSON"));
+        assert!(follow(&found, "nope").unwrap_err().contains("not JSON"));
         // A lead searched is known: the next search lists none that repeat it.
         let person = "bm25_search results for \"Ada Varnok\":\n[1] doc_id: p3 | Ada Varnok\nAda Varnok started.\n";
         let next = found.list_leads(person.to_owned(), r#"{"query": "Ada Varnok", "k": 5}"#);

@@ -197,10 +197,12 @@ impl Teacher {
     /// list, where `follow_lead` is offered: the same ranking, as the agent
     /// computed it), and its rank from 0.
     fn bridge(&self, stats: &WordStats) -> Option<(usize, String)> {
-        let known: Vec<String> = std::iter::once(&self.question).chain(&self.searched).cloned().collect();
         let mut ranked = match self.answering.follow {
             true => self.leads.clone(),
-            false => bridges(&self.latest, &known, stats),
+            false => {
+                let known: Vec<String> = std::iter::once(&self.question).chain(&self.searched).cloned().collect();
+                bridges(&self.latest, &known, stats)
+            }
         };
         let hop = self.searched.len();
         let pick = match self.strategy.explore {
