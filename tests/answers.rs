@@ -43,6 +43,7 @@ async fn answered(mesh: &Mesh, task: &Task, teacher: &str, episode: &str) -> Res
         task: Some(task.clone()),
         config: Some(agent(teacher)),
         ticket: String::new(),
+        group_id: String::new(),
     };
     mesh.client().await?.run_episode(sleuth_tests::ticketed(request)).await?.into_inner().episode.context("episode")
 }

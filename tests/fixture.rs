@@ -176,6 +176,7 @@ pub fn request(episode: &str, budget: AgentBudget) -> RunEpisodeRequest {
             ..Default::default()
         }),
         ticket: String::new(),
+        group_id: String::new(),
     }
 }
 

@@ -251,9 +251,10 @@ train() {
 # (`training.copy_rehearsal`): without them SFT taught the policy to recall
 # the teacher's bridges, and on new questions it wrote names that are
 # nowhere in the results (measured in docs/experiments/learner-recipe.md).
-# Groups of 8: the teacher's mixture plays each question 8 ways (hops, and
-# the bridges exploring hops draw) and SFT keeps the best (rejection
-# sampling), so a group needs enough ways to hold the one that pays.
+# Groups of 8: the teacher's mixture plays each question 8 of its 13 ways
+# (hops, and which bridge each hop follows; each epoch deals from elsewhere
+# in the 13) and SFT keeps the best (rejection sampling), so a group needs
+# enough ways to hold the one that pays.
 spec sft sft 8 "max_epochs: $sft_epochs
 agent:
   budget: {max_turns: 5, max_new_tokens_per_turn: 96, max_episode_tokens: 6144, observation_char_cap: 2000}
@@ -355,6 +356,11 @@ say "[$(elapsed)] test split of $collection: each row against SFT, paired by que
 for metric in "${metrics[@]}"; do
   "$bin/sleuth" compare --metric "$metric" --against sft "${rows[@]}" | tee -a "$work/table.txt"
 done
+# Against the best baseline chosen on validation: the scripted search (its
+# 0 hops is the opening search, itself the best single search of the
+# question on validation).
+say "test split of $collection: each row against the scripted $best_strategy, paired by question"
+"$bin/sleuth" compare --metric "${metrics[0]}" --against scripted "${rows[@]}" | tee -a "$work/table.txt"
 say "learning curves: $work/sft.png, $work/$chosen.png; the table: $work/table.txt"
 say "SFT policy: $sft"
 say "GRPO policy: $grpo"

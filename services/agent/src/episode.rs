@@ -7,7 +7,9 @@ use sleuth_chat::observation::SEARCH_HITS;
 use sleuth_chat::tools::{BM25_SEARCH, SEARCH_TOOLS};
 use sleuth_kit::client::{MeshChannel, within};
 use sleuth_proto::agent::v1::{AgentConfig, RunEpisodeRequest};
-use sleuth_proto::common::v1::{ChatMessage, Episode, EpisodeOutcome, SamplingParams, SegmentKind, ToolCall, ToolSpec};
+use sleuth_proto::common::v1::{
+    ChatMessage, Episode, EpisodeOutcome, SamplingParams, SegmentKind, Task, ToolCall, ToolSpec,
+};
 use sleuth_proto::inference::v1 as inference;
 use sleuth_proto::inference::v1::inference_gateway_client::InferenceGatewayClient;
 use sleuth_proto::tools::v1 as tools;
@@ -121,7 +123,7 @@ pub async fn run(clients: &Clients, request: &RunEpisodeRequest) -> Episode {
     let end = match offered_tools(clients, &task.collection, &config).await {
         Err(end) => end,
         Ok(tool_specs) => 'episode: {
-            let mut teacher = match teacher_for(clients, &config, &request.episode_id, &task.question, &tool_specs) {
+            let mut teacher = match teacher_for(clients, &config, request, &task, &tool_specs) {
                 Ok(teacher) => teacher,
                 Err(why) => break 'episode End::new(EpisodeOutcome::ToolError, why),
             };
@@ -264,31 +266,30 @@ async fn open(
 }
 
 /// The teacher replying in this episode, if the config names one: a model
-/// at the agent's teacher endpoint, or a script (a mixture draws its
-/// strategy, and an exploring one its bridges, from the sampling seed or the
-/// episode id).
+/// at the agent's teacher endpoint, or a script (a mixture's strategy is
+/// dealt out by the episode's group and its index there).
 fn teacher_for(
     clients: &Clients,
     config: &AgentConfig,
-    episode_id: &str,
-    question: &str,
+    request: &RunEpisodeRequest,
+    task: &Task,
     offered: &[ToolSpec],
 ) -> Result<Option<Teacher>, String> {
     let spec = match crate::teacher::TeacherSpec::parse(&config.teacher)? {
         None => return Ok(None),
         Some(crate::teacher::TeacherSpec::Model(model)) => {
+            let episode_id = &request.episode_id;
             return ModelTeacher::new(clients.teacher.as_ref(), &model, episode_id).map(|t| Some(Teacher::Model(t)));
         }
         Some(scripted) => scripted,
     };
-    let seed = config.sampling.as_ref().and_then(|s| s.seed).unwrap_or_else(|| sleuth_kit::seed::derive(0, episode_id));
     let opened = !config.opening_search.is_empty();
     let answering = crate::teacher::Answering {
         in_words: offered.iter().any(|t| t.name == SUBMIT_ANSWER),
         follow: offered.iter().any(|t| t.name == FOLLOW_LEAD),
     };
-    let strategy = spec.choose(seed, offered)?;
-    Ok(Some(Teacher::Scripted(crate::teacher::Teacher::new(strategy, question, opened, answering, seed))))
+    let strategy = spec.choose(&request.group_id, request.sample_index, offered)?;
+    Ok(Some(Teacher::Scripted(crate::teacher::Teacher::new(strategy, &task.question, opened, answering))))
 }
 
 /// The collection's tools (those `config.tools` names, or all), then the

@@ -17,12 +17,17 @@
 //! each of its searches (the chain it followed). Where the policy is
 //! offered `follow_lead`, a hop follows the lead of that number instead of
 //! searching its name: the leads are these bridges, listed under each
-//! search's results. `mixture` draws one strategy per episode from the
-//! episode's seed, among those whose tool is offered: how many hops, and
-//! whether each hop follows the most salient bridge or explores one of the
-//! [`EXPLORED`] most salient (drawn per hop from the seed). Which choice
-//! suits a question is left to the reward: trajectory SFT keeps, of each
-//! question's episodes, those the reward ranks highest.
+//! search's results. `mixture` plays the episodes of a group different
+//! ways ([`TeacherSpec::choose`]): 0, 1 or 2 hops, each following one of
+//! the [`EXPLORED`] most salient bridges, with each offered search tool,
+//! the shallow ways first.
+//! Which way suits a question is left to the reward: trajectory SFT keeps,
+//! of each question's episodes, those the reward ranks highest. The ways
+//! are dealt out by the episode's index in its group, not drawn per
+//! episode: a way that two thirds of a services collection's 2-hop
+//! questions needed (the second lead: the most salient bridge of a
+//! service's results is another service its release notes name) was drawn
+//! into a group of 8 only two times in five.
 
 use serde_json::json;
 use sleuth_chat::bridge::{WordStats, bridges};
@@ -33,8 +38,13 @@ use crate::prompt::{FOLLOW_LEAD, SUBMIT_ANSWER, SUBMIT_TOOL};
 
 /// The most bridges a strategy follows.
 const MAX_HOPS: u32 = 3;
-/// How many of the most salient bridges an exploring hop draws from.
-pub const EXPLORED: u64 = 3;
+/// How many of the most salient bridges a mixture's hops explore.
+pub const EXPLORED: u32 = 3;
+/// The hops a mixture's ways take at most: with [`EXPLORED`] bridges a hop,
+/// 1 + 3 + 9 ways a tool.
+const MIXTURE_HOPS: u32 = 2;
+/// Every hop (and an answer in words) takes the most salient bridge.
+const FOLLOW_THE_MOST_SALIENT: [u32; MAX_HOPS as usize + 1] = [0; MAX_HOPS as usize + 1];
 
 /// One scripted way to search.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,16 +53,17 @@ pub struct Strategy {
     pub tool: &'static str,
     /// Bridges followed after searching the question.
     pub hops: u32,
-    /// Each hop draws one of the [`EXPLORED`] most salient bridges from the
-    /// episode's seed, instead of following the most salient.
-    pub explore: bool,
+    /// Which of the [`EXPLORED`] most salient bridges each hop follows, from
+    /// 0 (the most salient); the entry after the last hop picks the bridge
+    /// an answer in words names.
+    pub picks: [u32; MAX_HOPS as usize + 1],
 }
 
 /// What `AgentConfig.teacher` asks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TeacherSpec {
     Fixed(Strategy),
-    /// One strategy per episode, drawn from its seed.
+    /// A different strategy for each episode of a group ([`TeacherSpec::choose`]).
     Mixture,
     /// A model behind the agent's teacher endpoint, by the name its
     /// requests send as `model` (`crate::model_teacher`).
@@ -88,15 +99,21 @@ impl TeacherSpec {
                     _ => return Err(bad()),
                 };
                 let hops: u32 = hops.parse().ok().filter(|h| *h <= MAX_HOPS).ok_or_else(bad)?;
-                Ok(Some(Self::Fixed(Strategy { tool, hops, explore: false })))
+                Ok(Some(Self::Fixed(Strategy { tool, hops, picks: FOLLOW_THE_MOST_SALIENT })))
             }
         }
     }
 
-    /// The strategy of an episode with `seed` when `offered` are its tools;
-    /// an error names a fixed strategy's tool the collection lacks (or a
-    /// model teacher, which follows none).
-    pub fn choose(&self, seed: u64, offered: &[ToolSpec]) -> Result<Strategy, String> {
+    /// The strategy of episode `sample` of group `group` when `offered` are
+    /// its tools; an error names a fixed strategy's tool the collection
+    /// lacks (or a model teacher, which follows none). A mixture deals its
+    /// ways out breadth first, each depth from a start drawn from the
+    /// group's id: the first episodes of a group play every way of at most
+    /// one hop (4 a tool), the rest 2-hop ways (9 a tool). So a group of 8
+    /// with one tool plays the 4 shallow ways and 4 of the 9 deep ones,
+    /// another epoch's group of the question another 4, and a single
+    /// episode (an evaluation's) one of the shallow ways.
+    pub fn choose(&self, group: &str, sample: u32, offered: &[ToolSpec]) -> Result<Strategy, String> {
         let has = |tool: &str| offered.iter().any(|t| t.name == tool);
         match *self {
             Self::Model(ref model) => Err(format!("config.teacher model:{model} follows no scripted strategy")),
@@ -105,21 +122,37 @@ impl TeacherSpec {
                 Err(format!("config.teacher needs {}, which the collection does not offer", strategy.tool))
             }
             Self::Mixture => {
-                let choices: Vec<Strategy> = ["bm25_search", "vector_search"]
-                    .into_iter()
-                    .filter(|tool| has(tool))
-                    .flat_map(|tool| {
-                        let hop = move |(hops, explore)| Strategy { tool, hops, explore };
-                        [(0, false), (1, false), (1, true), (2, false), (2, true)].map(hop)
-                    })
-                    .collect();
-                if choices.is_empty() {
+                let tools: Vec<&'static str> =
+                    ["bm25_search", "vector_search"].into_iter().filter(|tool| has(tool)).collect();
+                if tools.is_empty() {
                     return Err("config.teacher mixture needs bm25_search or vector_search".into());
                 }
-                Ok(choices[(sleuth_kit::seed::derive(seed, "teacher") % choices.len() as u64) as usize])
+                let of_depth = |depths: std::ops::RangeInclusive<u32>| -> Vec<Strategy> {
+                    tools.iter().flat_map(|&tool| depths.clone().flat_map(move |hops| ways(tool, hops))).collect()
+                };
+                let (shallow, deep) = (of_depth(0..=1), of_depth(2..=MIXTURE_HOPS));
+                let start = sleuth_kit::seed::derive(0, group);
+                let deal = |ways: &[Strategy], n: u64| ways[((start % ways.len() as u64) + n) as usize % ways.len()];
+                let sample = u64::from(sample);
+                Ok(match sample.checked_sub(shallow.len() as u64) {
+                    None => deal(&shallow, sample),
+                    Some(n) => deal(&deep, n),
+                })
             }
         }
     }
+}
+
+/// The ways to take `hops` hops with `tool`, each hop following one of the
+/// [`EXPLORED`] most salient bridges: `EXPLORED ^ hops` of them.
+fn ways(tool: &'static str, hops: u32) -> impl Iterator<Item = Strategy> {
+    (0..EXPLORED.pow(hops)).map(move |way| {
+        let mut picks = FOLLOW_THE_MOST_SALIENT;
+        for (hop, pick) in picks.iter_mut().take(hops as usize).enumerate() {
+            *pick = way / EXPLORED.pow(hop as u32) % EXPLORED;
+        }
+        Strategy { tool, hops, picks }
+    })
 }
 
 /// Which of the agent's own tools a teacher answers and hops with.
@@ -134,8 +167,6 @@ pub struct Answering {
 /// A teacher following one strategy through one episode.
 pub struct Teacher {
     strategy: Strategy,
-    /// Draws the bridges an exploring strategy follows.
-    seed: u64,
     question: String,
     /// The queries searched so far.
     searched: Vec<String>,
@@ -152,11 +183,11 @@ impl Teacher {
     /// A teacher for `question`; `opened`: the agent searched the question
     /// before the first turn (`opening_search`), so the teacher starts from
     /// its results; `answering`: the agent's own tools it uses.
-    pub fn new(strategy: Strategy, question: &str, opened: bool, answering: Answering, seed: u64) -> Self {
+    pub fn new(strategy: Strategy, question: &str, opened: bool, answering: Answering) -> Self {
         let searched = if opened { vec![question.to_owned()] } else { Vec::new() };
         let question = question.to_owned();
         let (latest, leads, chain) = (Vec::new(), Vec::new(), Vec::new());
-        Self { strategy, seed, question, searched, latest, leads, answering, chain }
+        Self { strategy, question, searched, latest, leads, answering, chain }
     }
 
     /// The next reply, given the observation of the previous call (none on
@@ -204,11 +235,10 @@ impl Teacher {
                 bridges(&self.latest, &known, stats)
             }
         };
-        let hop = self.searched.len();
-        let pick = match self.strategy.explore {
-            true => (sleuth_kit::seed::derive(self.seed, &format!("hop {hop}")) % EXPLORED) as usize,
-            false => 0,
-        };
+        // The question is the first search (made by the teacher or opened by
+        // the agent), so hop n is search n + 1.
+        let hop = self.searched.len().saturating_sub(1);
+        let pick = self.strategy.picks.get(hop).copied().unwrap_or(0) as usize;
         let pick = pick.min(ranked.len().saturating_sub(1));
         (!ranked.is_empty()).then(|| (pick, ranked.swap_remove(pick)))
     }
@@ -217,9 +247,8 @@ impl Teacher {
     /// search's first, then the hits ranked below those shown
     /// (`sleuth_chat::observation::ranking`). The ids it saw, listed, would
     /// rank fewer documents, in more tokens, with ids to copy wrong.
-    /// In words: the bridge the strategy would follow next (the most
-    /// salient, or for an exploring strategy one of the [`EXPLORED`] most
-    /// salient, drawn from the seed), or the title of the latest first hit
+    /// In words: the bridge the strategy would follow next (its pick after
+    /// the last hop), or the title of the latest first hit
     /// when the results show none; citing the chain.
     fn submit(&self, stats: &WordStats) -> String {
         if !self.answering.in_words {
@@ -259,7 +288,7 @@ mod tests {
         assert_eq!(TeacherSpec::parse(""), Ok(None));
         assert_eq!(
             TeacherSpec::parse("bm25:2"),
-            Ok(Some(TeacherSpec::Fixed(Strategy { tool: "bm25_search", hops: 2, explore: false })))
+            Ok(Some(TeacherSpec::Fixed(Strategy { tool: "bm25_search", hops: 2, picks: FOLLOW_THE_MOST_SALIENT })))
         );
         assert_eq!(TeacherSpec::parse("mixture"), Ok(Some(TeacherSpec::Mixture)));
         assert_eq!(TeacherSpec::parse("model:Qwen/Qwen3-8B"), Ok(Some(TeacherSpec::Model("Qwen/Qwen3-8B".into()))));
@@ -267,29 +296,46 @@ mod tests {
             assert!(TeacherSpec::parse(bad).unwrap_err().contains(&format!("{bad:?}")), "{bad}");
         }
         let vector = TeacherSpec::parse("vector:1").unwrap().unwrap();
-        assert!(vector.choose(1, &tools(&["bm25_search"])).unwrap_err().contains("vector_search"));
+        assert!(vector.choose("q1", 0, &tools(&["bm25_search"])).unwrap_err().contains("vector_search"));
     }
 
     #[test]
-    fn a_mixture_varies_by_seed_within_the_offered_tools() {
+    fn a_mixture_deals_its_ways_breadth_first_within_the_offered_tools() {
+        use std::collections::BTreeSet;
         let offered = tools(&["bm25_search", "read_document"]);
-        let chosen: std::collections::BTreeSet<(u32, bool)> = (0..64)
-            .map(|seed| TeacherSpec::Mixture.choose(seed, &offered).unwrap())
-            .map(|strategy| (strategy.hops, strategy.explore))
+        let way = |group: &str, sample| {
+            let strategy = TeacherSpec::Mixture.choose(group, sample, &offered).unwrap();
+            assert_eq!(strategy.tool, "bm25_search");
+            (strategy.hops, strategy.picks)
+        };
+        let dealt: Vec<_> = (0..13).map(|sample| way("e0-q1", sample)).collect();
+        assert_eq!(dealt.iter().collect::<BTreeSet<_>>().len(), 13, "a group of 13 plays every way once: {dealt:?}");
+        let hops: Vec<u32> = dealt.iter().map(|(hops, _)| *hops).collect();
+        assert!(hops[..4].iter().all(|h| *h <= 1) && hops[4..].iter().all(|h| *h == 2), "shallow first: {hops:?}");
+        assert!(dealt.contains(&(2, [2, 1, 0, 0])), "{dealt:?}");
+        assert!(dealt.iter().all(|(hops, picks)| picks[*hops as usize..].iter().all(|p| *p == 0)));
+        assert_eq!(way("e0-q1", 3), way("e0-q1", 3), "a rerun plays the same way");
+        let deep: BTreeSet<_> = (0..16)
+            .flat_map(|epoch| (4..8).map(move |s| (epoch, s)))
+            .map(|(epoch, s)| way(&format!("e{epoch}-q1"), s))
             .collect();
-        assert_eq!(chosen, [(0, false), (1, false), (1, true), (2, false), (2, true)].into());
-        assert!((0..64).all(|seed| TeacherSpec::Mixture.choose(seed, &offered).unwrap().tool == "bm25_search"));
+        assert_eq!(deep.len(), 9, "the epochs' groups play the deep ways between them: {deep:?}");
+        let openers: BTreeSet<_> = (0..32).map(|group| way(&format!("e0-q{group}"), 0)).collect();
+        assert_eq!(openers.len(), 4, "single episodes of many groups play every shallow way: {openers:?}");
+        let both = tools(&["bm25_search", "vector_search"]);
+        let tools_used: BTreeSet<&str> =
+            (0..8).map(|s| TeacherSpec::Mixture.choose("e0-q1", s, &both).unwrap().tool).collect();
+        assert_eq!(tools_used, ["bm25_search", "vector_search"].into());
     }
 
     #[test]
     fn two_hops_follow_the_bridges_then_submit() {
-        let strategy = Strategy { tool: "bm25_search", hops: 2, explore: false };
+        let strategy = Strategy { tool: "bm25_search", hops: 2, picks: FOLLOW_THE_MOST_SALIENT };
         let mut teacher = Teacher::new(
             strategy,
             "Name the river near the residence of the founder of Klabou Atelier.",
             false,
             Answering::default(),
-            0,
         );
         let first = teacher.reply(None, &stats(), 5);
         assert!(first.contains(r#""name": "bm25_search""#) && first.contains("Klabou Atelier"), "{first}");
@@ -308,11 +354,10 @@ mod tests {
     fn after_an_opening_search_the_teacher_bridges_from_its_results() {
         let question = "Name the river near the residence of the founder of Klabou Atelier.";
         let mut teacher = Teacher::new(
-            Strategy { tool: "bm25_search", hops: 1, explore: false },
+            Strategy { tool: "bm25_search", hops: 1, picks: FOLLOW_THE_MOST_SALIENT },
             question,
             true,
             Answering::default(),
-            0,
         );
         let company = "bm25_search results for \"...\":\n[1] doc_id: o3 | Klabou Atelier\nKlabou Atelier was started by Ada Varnok in 1903.\n";
         assert!(teacher.reply(Some(company), &stats(), 4).contains(r#""query": " Ada Varnok""#));
@@ -320,11 +365,10 @@ mod tests {
             "bm25_search results for \"Ada Varnok\":\n[1] doc_id: p3 | Ada Varnok\nAda Varnok lives in Foukur.\n";
         assert!(teacher.reply(Some(person), &stats(), 3).contains(r#""name": "submit_ranking""#), "one hop only");
         let mut at_once = Teacher::new(
-            Strategy { tool: "bm25_search", hops: 0, explore: false },
+            Strategy { tool: "bm25_search", hops: 0, picks: FOLLOW_THE_MOST_SALIENT },
             question,
             true,
             Answering::default(),
-            0,
         );
         assert!(at_once.reply(Some(company), &stats(), 4).contains(r#""name": "submit_ranking""#));
     }
@@ -332,8 +376,8 @@ mod tests {
     #[test]
     fn in_words_the_teacher_answers_with_the_chains_end_and_cites_the_chain() {
         let question = "Name the river near the residence of the founder of Klabou Atelier.";
-        let strategy = Strategy { tool: "bm25_search", hops: 2, explore: false };
-        let mut teacher = Teacher::new(strategy, question, true, Answering { in_words: true, follow: false }, 0);
+        let strategy = Strategy { tool: "bm25_search", hops: 2, picks: FOLLOW_THE_MOST_SALIENT };
+        let mut teacher = Teacher::new(strategy, question, true, Answering { in_words: true, follow: false });
         let company = "bm25_search results for \"...\":\n[1] doc_id: o3 | Klabou Atelier\nKlabou Atelier was started by Ada Varnok in 1903.\n";
         assert!(teacher.reply(Some(company), &stats(), 5).contains(r#""query": " Ada Varnok""#));
         let person = "bm25_search results for \"Ada Varnok\":\n[1] doc_id: p3 | Ada Varnok\nAda Varnok lives in Foukur and earns a living as a potter.\n";
@@ -349,11 +393,10 @@ mod tests {
     #[test]
     fn the_last_turn_submits_whatever_was_found() {
         let mut teacher = Teacher::new(
-            Strategy { tool: "bm25_search", hops: 2, explore: false },
+            Strategy { tool: "bm25_search", hops: 2, picks: FOLLOW_THE_MOST_SALIENT },
             "why does it rain",
             false,
             Answering::default(),
-            0,
         );
         teacher.reply(None, &stats(), 2);
         let hits =
@@ -366,20 +409,23 @@ mod tests {
         let question = "Name the river near the residence of the founder of Klabou Atelier.";
         let follow = Answering { in_words: false, follow: true };
         let company = "bm25_search results for \"...\":\n[1] doc_id: o3 | Klabou Atelier\nKlabou Atelier was started by Ada Varnok in 1903.\nLeads to follow: 1. Ada Varnok; 2. Razak; 3. regatta\n";
-        let mut teacher =
-            Teacher::new(Strategy { tool: "bm25_search", hops: 2, explore: false }, question, true, follow, 0);
+        let mut teacher = Teacher::new(
+            Strategy { tool: "bm25_search", hops: 2, picks: FOLLOW_THE_MOST_SALIENT },
+            question,
+            true,
+            follow,
+        );
         let hop = teacher.reply(Some(company), &stats(), 5);
         assert_eq!(hop, r#"<tool_call>[{"name": "follow_lead", "arguments": {"n": 1}}]</tool_call>"#);
         let person =
             "bm25_search results for \"Ada Varnok\":\n[1] doc_id: p3 | Ada Varnok\nAda Varnok lives in Foukur.\n";
         assert!(teacher.reply(Some(person), &stats(), 4).contains(r#""name": "submit_ranking""#), "no leads: submit");
-        let explore = Strategy { tool: "bm25_search", hops: 1, explore: true };
-        let followed: std::collections::BTreeSet<String> = (0..32)
-            .map(|seed| Teacher::new(explore, question, true, follow, seed).reply(Some(company), &stats(), 4))
+        let followed: Vec<String> = (0..EXPLORED)
+            .map(|first| Strategy { tool: "bm25_search", hops: 1, picks: [first, 0, 0, 0] })
+            .map(|strategy| Teacher::new(strategy, question, true, follow).reply(Some(company), &stats(), 4))
             .collect();
-        let numbers: Vec<bool> =
-            (1..=3).map(|n| followed.iter().any(|r| r.contains(&format!(r#""n": {n}"#)))).collect();
-        assert_eq!(numbers, [true, true, true], "{followed:#?}");
+        let numbers: Vec<String> = (1..=3).map(|n| format!(r#"{{"n": {n}}}"#)).collect();
+        assert!(followed.iter().zip(&numbers).all(|(reply, n)| reply.contains(n)), "{followed:#?}");
     }
 
     #[test]
@@ -389,22 +435,21 @@ mod tests {
         let mut stats = stats();
         stats.df.insert("elixir".to_owned(), 15);
         let mut first = Teacher::new(
-            Strategy { tool: "bm25_search", hops: 1, explore: false },
+            Strategy { tool: "bm25_search", hops: 1, picks: FOLLOW_THE_MOST_SALIENT },
             question,
             true,
             Answering::default(),
-            0,
         );
         assert!(first.reply(Some(service), &stats, 4).contains(r#""query": " rhabeksa-store""#));
-        // Three bridges, each drawn by some seed.
+        // Three bridges, one for each first lead a strategy may take.
         stats.df.insert("written".to_owned(), 60);
-        let explore = Strategy { tool: "bm25_search", hops: 1, explore: true };
-        let explored: std::collections::BTreeSet<String> = (0..32)
-            .map(|seed| {
-                Teacher::new(explore, question, true, Answering::default(), seed).reply(Some(service), &stats, 4)
+        let explored: std::collections::BTreeSet<String> = (0..EXPLORED)
+            .map(|first| Strategy { tool: "bm25_search", hops: 1, picks: [first, 0, 0, 0] })
+            .map(|strategy| {
+                Teacher::new(strategy, question, true, Answering::default()).reply(Some(service), &stats, 4)
             })
             .collect();
-        assert_eq!(explored.len() as u64, EXPLORED, "{explored:#?}");
+        assert_eq!(explored.len() as u32, EXPLORED, "{explored:#?}");
         assert!(explored.iter().any(|reply| reply.contains(r#""query": " Elixir""#)), "{explored:#?}");
     }
 }

@@ -311,6 +311,7 @@ impl Evaluator {
                 config: request.agent.clone(),
                 // Issued per attempt (see `workers::Workers::run_episode`).
                 ticket: String::new(),
+                group_id: format!("{id}-{}", task.task_id),
             };
             let attempt = |i: usize| format!("{id}-{}-{sample}-{i}", task.task_id);
             // The policy's failures count (0 nDCG, by outcome); the

@@ -332,6 +332,7 @@ impl Runner {
                     config: episode_config(spec, &group_id, sample),
                     // Issued per attempt (see `workers::Workers::run_episode`).
                     ticket: String::new(),
+                    group_id: group_id.clone(),
                 };
                 let result = tokio::select! {
                     result = self.episode(run_id, &group_id, sample, request) => result,
