@@ -251,10 +251,10 @@ train() {
 # (`training.copy_rehearsal`): without them SFT taught the policy to recall
 # the teacher's bridges, and on new questions it wrote names that are
 # nowhere in the results (measured in docs/experiments/learner-recipe.md).
-# Groups of 8: the teacher's mixture plays each question 8 of its 13 ways
-# (hops, and which bridge each hop follows; each epoch deals from elsewhere
-# in the 13) and SFT keeps the best (rejection sampling), so a group needs
-# enough ways to hold the one that pays.
+# Groups of 8: the teacher's mixture plays each question its 4 ways of at
+# most one hop and 4 of its 9 two-hop ways (which bridge each hop follows;
+# each epoch deals other two-hop ways) and SFT keeps the best (rejection
+# sampling), so a group needs enough ways to hold the one that pays.
 spec sft sft 8 "max_epochs: $sft_epochs
 agent:
   budget: {max_turns: 5, max_new_tokens_per_turn: 96, max_episode_tokens: 6144, observation_char_cap: 2000}
