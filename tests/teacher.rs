@@ -276,6 +276,19 @@ async fn an_sft_run_imitates_the_teachers_best_episodes_from_one_spec() -> Resul
     }
     let count = |d: Disposition| records.iter().filter(|r| r.disposition == d).count();
     assert!(count(Disposition::Trained) >= 4 && count(Disposition::BelowMinReward) >= 1, "{records:#?}");
+    // The orchestrator names each episode's group to the agent, and the
+    // mixture deals its ways over a group from a start the group's id
+    // draws: groups do not all play the same way with their first sample
+    // (without the id, every group's sample 0 took the same number of turns).
+    let plays: std::collections::BTreeSet<Vec<u32>> = entries
+        .values()
+        .map(|group| {
+            let mut turns: Vec<(u32, u32)> = group.episodes.iter().map(|e| (e.sample_index, e.turns)).collect();
+            turns.sort_unstable();
+            turns.into_iter().map(|(_, turns)| turns).collect()
+        })
+        .collect();
+    assert!(plays.len() > 1, "every group played its samples alike: {plays:?}");
 
     let steps = learner::records::steps(&database, RUN).await?;
     let loss = |i: usize| steps[i].1["loss"].as_f64().unwrap_or(f64::NAN);
