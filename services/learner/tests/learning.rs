@@ -257,33 +257,49 @@ fn a_fresh_policy_has_a_tokenizer_of_its_collection_and_loads_in_transformers() 
     // for every SFT step: the same for a step whenever it is trained again
     // (a resumed learner), others at the next, each teaching the writing of
     // one tool call.
-    let rehearsal = learner::copying::Rehearsal::new(
-        &fresh_dir,
-        &learner::copying::RehearsalSpec {
-            per_step: 6,
-            collection: collection.clone(),
-            split: "train".into(),
-            tools: vec!["bm25_search".into()],
-            seed: 9,
-        },
-    )?;
-    let (first, again, next) = (rehearsal.samples(1)?, rehearsal.samples(1)?, rehearsal.samples(2)?);
+    let rehearsal = |per_step: usize, tools: &[&str]| {
+        learner::copying::Rehearsal::new(
+            &fresh_dir,
+            &learner::copying::RehearsalSpec {
+                per_step,
+                collection: collection.clone(),
+                split: "train".into(),
+                tools: tools.iter().map(|t| (*t).to_owned()).collect(),
+                seed: 9,
+            },
+        )
+    };
+    let reply_tokenizer =
+        tokenizers::Tokenizer::from_file(fresh_dir.join("tokenizer.json")).map_err(anyhow::Error::msg)?;
+    let taught = |sample: &learner::batch::Sample| -> anyhow::Result<String> {
+        let taught: Vec<u32> =
+            sample.tokens.iter().zip(&sample.mask).filter(|(_, m)| **m > 0.0).map(|(t, _)| *t as u32).collect();
+        reply_tokenizer.decode(&taught, false).map_err(anyhow::Error::msg)
+    };
+    let searching = rehearsal(6, &["bm25_search"])?;
+    let (first, again, next) = (searching.samples(1)?, searching.samples(1)?, searching.samples(2)?);
     assert_eq!(first.len(), 6);
     assert_eq!(
         first.iter().map(|s| &s.tokens).collect::<Vec<_>>(),
         again.iter().map(|s| &s.tokens).collect::<Vec<_>>()
     );
     assert_ne!(first.iter().map(|s| &s.tokens).collect::<Vec<_>>(), next.iter().map(|s| &s.tokens).collect::<Vec<_>>());
-    let reply_tokenizer =
-        tokenizers::Tokenizer::from_file(fresh_dir.join("tokenizer.json")).map_err(anyhow::Error::msg)?;
     for sample in &first {
-        let taught: Vec<u32> =
-            sample.tokens.iter().zip(&sample.mask).filter(|(_, m)| **m > 0.0).map(|(t, _)| *t as u32).collect();
-        let reply = reply_tokenizer.decode(&taught, false).map_err(anyhow::Error::msg)?;
+        let reply = taught(sample)?;
         // What to write, never which tool: that is the episodes' to teach.
         assert!(reply.contains("\"arguments\"") && reply.contains("</tool_call>"), "{reply}");
         assert!(!reply.contains("<tool_call>") && !reply.contains("_search") && !reply.contains("submit"), "{reply}");
     }
+    // Nor which lead to follow: a rehearsed `follow_lead` call teaches
+    // nothing of its own (rehearsing its number taught one lead whatever the
+    // questions needed).
+    let mut followed = 0;
+    for sample in rehearsal(12, &["bm25_search", "follow_lead"])?.samples(1)? {
+        let reply = taught(&sample)?;
+        assert!(!reply.contains("\"n\"") && !reply.contains("follow_lead"), "{reply}");
+        followed += usize::from(!reply.contains("\"arguments\""));
+    }
+    assert!(followed > 0, "no rehearsed conversation followed a lead");
     let error = learner::copying::Rehearsal::new(
         &fresh_dir,
         &learner::copying::RehearsalSpec {

@@ -213,7 +213,8 @@ pub(crate) fn conversation(source: &Source, task: Task, draw: &mut Draw) -> (Vec
         return (messages, search(tool, &question));
     }
     let mut queries = vec![question.clone()];
-    let mut bridge: Option<String> = None;
+    // The bridge to follow, and its number among the listed leads.
+    let mut bridge: Option<(usize, String)> = None;
     let follow = source.tools.follow;
     // The first hit of each search: what an answer cites.
     let mut chain: Vec<String> = Vec::new();
@@ -222,8 +223,8 @@ pub(crate) fn conversation(source: &Source, task: Task, draw: &mut Draw) -> (Vec
         let (query, called, searched_with) = match (round, bridge.take()) {
             (0, _) | (_, None) => (question.clone(), search(tool, &question), tool),
             // The agent searches a followed lead with BM25, by its name.
-            (_, Some(name)) if follow => (name, follow_lead(1), BM25_SEARCH),
-            (_, Some(name)) => (name.clone(), search(tool, &name), tool),
+            (_, Some((n, name))) if follow => (name, follow_lead(n), BM25_SEARCH),
+            (_, Some((_, name))) => (name.clone(), search(tool, &name), tool),
         };
         let hits: Vec<Hit> = (0..1 + draw.below(SEARCH_HITS))
             .map(|_| {
@@ -238,13 +239,18 @@ pub(crate) fn conversation(source: &Source, task: Task, draw: &mut Draw) -> (Vec
         // latest included; a bridge without leads is drawn as the measured
         // fresh policies were taught, from the queries before this one.
         let known = if follow { &queries[..] } else { &queries[..queries.len() - 1] };
+        // Offered `follow_lead`, a listed lead drawn uniformly: which lead a
+        // question needs is the episodes' to teach, and a base taught lead 1
+        // alone starts every question preferring it (the services family's
+        // multi-hop questions mostly need the second).
         bridge = match follow {
             true => {
-                let names = leads(&listed, known, &source.word_stats);
+                let mut names = leads(&listed, known, &source.word_stats);
                 observation = with_leads(&observation, &names);
-                names.into_iter().next()
+                let drawn = (!names.is_empty()).then(|| draw.below(names.len()));
+                drawn.map(|n| (n + 1, names.swap_remove(n)))
             }
-            false => bridges(&listed, known, &source.word_stats).into_iter().next(),
+            false => bridges(&listed, known, &source.word_stats).into_iter().next().map(|name| (1, name)),
         };
         if let Some(first) = listed.first() {
             chain.push(first.id.clone());
@@ -260,9 +266,9 @@ pub(crate) fn conversation(source: &Source, task: Task, draw: &mut Draw) -> (Vec
         tool_calls_text(&[json!({"name": SUBMIT_ANSWER, "arguments": {"answer": text.trim(), "citations": chain}})])
     };
     let reply = match (bridge, source.tools.answer == SUBMIT_ANSWER) {
-        (Some(name), true) if draw.chance(50) => answer(&name),
-        (Some(_), _) if follow => follow_lead(1),
-        (Some(name), _) => search(tool, &name),
+        (Some((_, name)), true) if draw.chance(50) => answer(&name),
+        (Some((n, _)), _) if follow => follow_lead(n),
+        (Some((_, name)), _) => search(tool, &name),
         (None, true) => answer(&first_title),
         (None, false) => tool_calls_text(&[json!({"name": SUBMIT_RANKING, "arguments": {}})]),
     };
@@ -279,7 +285,10 @@ fn follow_lead(n: usize) -> String {
 pub(crate) enum Teach {
     /// The whole reply: which tool, and what to write in its call.
     Reply,
-    /// Only what follows the tool's name: what to write once a tool is chosen.
+    /// Only what follows the choice: what to write once a tool is chosen.
+    /// The choice is the tool's name, and for `follow_lead` its whole call:
+    /// which lead to follow is the question's, as whether to search again
+    /// is, and a `follow_lead` call copies nothing.
     Writing,
 }
 
@@ -298,14 +307,17 @@ pub(crate) fn conversation_sample(
     if teach == Teach::Reply {
         return Ok(made.sample);
     }
-    // The reply's tokens that spell it up to the end of the tool's name
-    // (as many as agree with the name's prefix encoded alone: a tokenizer
-    // may merge the name with what follows, which then stays trained).
+    // The reply's tokens that spell its choice (as many as agree with the
+    // choice's text encoded alone: a tokenizer may merge the tool's name
+    // with what follows, which then stays trained). Rehearsing the lead's
+    // number taught the rehearsed lead at every step, whichever lead the
+    // episodes' questions needed.
     let named = SEARCH_TOOLS
         .into_iter()
         .chain([FOLLOW_LEAD, SUBMIT_RANKING, SUBMIT_ANSWER])
-        .filter_map(|name| reply.find(name).map(|at| at + name.len()))
-        .min()
+        .filter_map(|name| reply.find(name).map(|at| (name, at + name.len())))
+        .min_by_key(|(_, end)| *end)
+        .map(|(name, end)| if name == FOLLOW_LEAD { reply.len() } else { end })
         .ok_or_else(|| Error::Train(format!("a rehearsed reply names no tool: {reply}")))?;
     let choice = renderer.encode(&reply[..named])?;
     let chosen = choice.iter().zip(&made.reply).take_while(|(a, b)| a == b).count();
@@ -337,15 +349,15 @@ mod tests {
         let names: Vec<&Json> = follow.tools.schemas.iter().map(|s| &s["function"]["name"]).collect();
         assert_eq!(names, ["bm25_search", "follow_lead", "submit_ranking"]);
         let mut draw = Draw::new(3);
-        let (mut followed, mut submitted) = (0, 0);
+        let (mut followed, mut submitted) = (vec![0; sleuth_chat::observation::LEADS + 1], 0);
         for _ in 0..60 {
             let (messages, reply) = conversation(&follow, Task::Bridge, &mut draw);
             let last = messages.last().unwrap()["content"].as_str().unwrap();
             let leads = sleuth_chat::observation::parse_leads(last);
             match leads.is_empty() {
                 false => {
-                    assert_eq!(reply, follow_lead(1), "{last}");
-                    followed += 1;
+                    let n = (1..=leads.len()).find(|n| reply == follow_lead(*n));
+                    followed[n.unwrap_or_else(|| panic!("{reply} follows none of {last}"))] += 1;
                 }
                 true => {
                     assert!(reply.contains(SUBMIT_RANKING), "{reply}");
@@ -354,7 +366,8 @@ mod tests {
             }
             assert!(messages.iter().all(|m| !m["content"].as_str().unwrap_or_default().contains(r#""query": " "#)));
         }
-        assert!(followed >= 20, "{followed} followed, {submitted} submitted");
+        // Every listed lead is followed, not the first alone.
+        assert!(followed[1..].iter().all(|n| *n >= 5), "{followed:?} followed by number, {submitted} submitted");
         assert!(Offered::new(&["vector_search".into(), "follow_lead".into()]).is_err(), "leads are searched with BM25");
     }
 

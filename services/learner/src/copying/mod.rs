@@ -21,10 +21,11 @@
 //! (`sleuth_chat`'s tool calls and search observations), two tasks:
 //! - ask: the user's message (a training question, a document sentence
 //!   or random words) becomes a search query, verbatim;
-//! - bridge: after a search, the next search is the first name in the
-//!   results that no earlier query holds (the teacher's bridge rule), or a
-//!   submission (without ids: the agent ranks what the searches found)
-//!   when there is none.
+//! - bridge: after a search, the next search is the most salient name in
+//!   the results that no earlier query holds (the teacher's bridge rule;
+//!   with `follow_lead` offered, a listed lead drawn uniformly, by its
+//!   number), or a submission (without ids: the agent ranks what the
+//!   searches found) when there is none.
 //!
 //! Conversations open with the agent's system prompt (`sleuth_chat`) and the
 //! tools the agent will offer (`--tools`), as the model's own template
