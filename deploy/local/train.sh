@@ -247,10 +247,15 @@ train() {
   "$bin/sleuth" run report "$1" --png "$work/$1.png" | tee "$work/$1.report"
 }
 
-# Every SFT step also rehearses 48 conversations of copy pre-training
-# (`training.copy_rehearsal`): without them SFT taught the policy to recall
-# the teacher's bridges, and on new questions it wrote names that are
-# nowhere in the results (measured in docs/experiments/learner-recipe.md).
+# Answering in words, every SFT step also rehearses 48 conversations of copy
+# pre-training (`training.copy_rehearsal`): without them SFT taught the
+# policy to recall what it had read in the teacher's episodes instead of
+# copying it (measured in docs/experiments/learner-recipe.md). Ranking, the
+# policy copies nothing (the agent opens with the search of the question and
+# leads are followed by number), and rehearsing drowned what SFT's episodes
+# teach: which questions to bridge (chosen on validation, same document).
+rehearsal=0
+[[ "$task" == answer ]] && rehearsal=48
 # Groups of 8: the teacher's mixture plays each question its 4 ways of at
 # most one hop and 4 of its 9 two-hop ways (which bridge each hop follows;
 # each epoch deals other two-hop ways) and SFT keeps the best (rejection
@@ -262,7 +267,7 @@ agent:
   opening_search: $opening
   sampling: {seed: 1}
   teacher: $teacher
-training: {learning_rate: 2.0e-3, lr_schedule: cosine, checkpoint_every: 10, eval_every: 10, sft_min_reward: 0.3, copy_rehearsal: 48}"
+training: {learning_rate: 2.0e-3, lr_schedule: cosine, checkpoint_every: 10, eval_every: 10, sft_min_reward: 0.3, copy_rehearsal: $rehearsal}"
 train sft "$(tail -n 8 "$work/sft.yaml")"
 
 # Baselines a practitioner would try first: one search of the question
