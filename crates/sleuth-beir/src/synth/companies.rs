@@ -121,7 +121,7 @@ struct Company {
 
 /// The world of `companies` companies (one founder each), drawn from `rng`.
 pub(crate) fn world(rng: &mut Rng, companies: usize) -> World {
-    let mut names = Names::new(TEMPLATE_WORDS);
+    let mut names = Names::new(TEMPLATE_WORDS.iter().copied());
     let split_of: Vec<&str> = (0..companies).map(|_| draw_split(rng)).collect();
     let town_split = places(rng, companies / 4);
     let cities: Vec<City> = (0..town_split.len())

@@ -143,16 +143,16 @@ impl Rng {
 /// Made-up capitalised words, never repeated and never a word of the
 /// templates (a name must not look like question vocabulary).
 pub(crate) struct Names {
+    /// Lower-cased: names are drawn in lower case.
     taken: BTreeSet<String>,
 }
 
 impl Names {
-    /// Names that are none of `template_words` (nor a stop word).
-    pub(crate) fn new(template_words: &[&str]) -> Self {
-        let mut taken = BTreeSet::new();
-        for template_word in template_words.iter().chain(STOPWORDS) {
-            taken.insert(template_word.to_string());
-        }
+    /// Names that are none of `vocabulary` in any case (nor a stop word):
+    /// a service named `tousa-go` shared "go" with every document of a
+    /// service written in Go.
+    pub(crate) fn new<'a>(vocabulary: impl IntoIterator<Item = &'a str>) -> Self {
+        let taken = vocabulary.into_iter().chain(STOPWORDS.iter().copied()).map(str::to_lowercase).collect();
         Self { taken }
     }
 
