@@ -12,8 +12,8 @@
 #      inference gateway, policy server) with the base;
 #   4. trajectory SFT on half of the train questions: a run whose episodes
 #      a teacher plays (`agent.teacher`: the scripted mixture, or --teacher), trained on each
-#      question's best (rejection sampling) rewarded at least `sft_min_reward`, with copy pre-training's
-#      conversations rehearsed in every step, validated every few steps;
+#      question's best (rejection sampling) rewarded at least `sft_min_reward` (answering in
+#      words, with copy pre-training's conversations rehearsed in every step), validated every few steps;
 #      every episode opens with the chosen search of the question
 #      (`agent.opening_search`), so each turn chooses between following a
 #      bridge named in the results and submitting;
