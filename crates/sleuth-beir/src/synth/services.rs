@@ -225,10 +225,9 @@ mod tests {
     #[test]
     fn every_seed_keeps_the_multi_hop_promise_with_one_to_four_hops() {
         // 635102 at the demo's size drew a service named after a language.
-        let spec = |seed| SynthSpec { family: Family::Services, seed, size: if seed == 635102 { 200 } else { 12 } };
-        for seed in (0..30).chain([635102]) {
+        for (seed, size) in (0..30).map(|seed| (seed, 12)).chain([(635102, 200)]) {
             let dir = tempfile::tempdir().unwrap();
-            let made = write(dir.path(), spec(seed)).unwrap();
+            let made = write(dir.path(), SynthSpec { family: Family::Services, seed, size }).unwrap();
             assert!(made.questions.values().all(|&n| n > 0), "seed {seed}: {made:?}");
         }
         let dir = tempfile::tempdir().unwrap();
