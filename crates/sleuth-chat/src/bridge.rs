@@ -138,11 +138,18 @@ impl WordStats {
 /// better-ranked hit is more likely the question's own document, as a
 /// relevance model weighs feedback documents by their relevance. Without
 /// the discount another company's name (two documents) outranked the
-/// question's founder (three). How often the hits repeat a phrase is left
+/// question's founder (three). A phrase read in a hit whose title the
+/// question or a query names counts double too: that hit is the document
+/// on an entity the search is about, and its names are that entity's links
+/// (as a bridge is a link on the named entity's page in HotpotQA), where a
+/// better-ranked hit that only mentions the entity (a release note, a
+/// sponsor) names entities of its own. How often the hits repeat a phrase is left
 /// out: distractors share their template's words ("regatta" in every
 /// sponsorship note), and counting them made those words the bridge.
 pub fn bridges(hits: &[ListedHit], known: &[String], stats: &WordStats) -> Vec<String> {
-    let known: HashSet<String> = known.iter().flat_map(|k| words(k)).map(|w| w.text.to_lowercase()).collect();
+    let known_texts: Vec<Vec<String>> = known.iter().map(|k| lower_words(k)).collect();
+    let named: Vec<bool> = hits.iter().map(|hit| names(&known_texts, &hit.title)).collect();
+    let known: HashSet<String> = known_texts.into_iter().flatten().collect();
     let titles: Vec<String> = hits.iter().map(|hit| hit.title.to_lowercase()).collect();
     // (salience, first seen, phrase): first seen keeps ties in reading order.
     let mut found: Vec<(f32, usize, String)> = Vec::new();
@@ -156,8 +163,9 @@ pub fn bridges(hits: &[ListedHit], known: &[String], stats: &WordStats) -> Vec<S
         }
         let lower = text.to_lowercase();
         let titled = titles.iter().filter(|t| **t == lower).count();
+        let about_named = 1 + named[rank - 1] as usize;
         let discount = (rank as f32 + 1.0).log2();
-        found.push((rarest * (1 + titled) as f32 / discount, found.len(), text));
+        found.push((rarest * (1 + titled) as f32 * about_named as f32 / discount, found.len(), text));
     };
     for (index, hit) in hits.iter().enumerate() {
         let rank = index + 1;
@@ -184,6 +192,18 @@ pub fn bridges(hits: &[ListedHit], known: &[String], stats: &WordStats) -> Vec<S
 /// [`LEADS`]. The agent lists them and copy pre-training shows them alike.
 pub fn leads(hits: &[ListedHit], known: &[String], stats: &WordStats) -> Vec<String> {
     bridges(hits, known, stats).into_iter().take(LEADS).map(|lead| lead.trim().to_owned()).collect()
+}
+
+/// The lower-cased [`words`] of `text`.
+fn lower_words(text: &str) -> Vec<String> {
+    words(text).iter().map(|w| w.text.to_lowercase()).collect()
+}
+
+/// Whether one of `texts` (lower-cased words) names `title`: holds its
+/// words, in order and adjacent. An empty title is named by nothing.
+fn names(texts: &[Vec<String>], title: &str) -> bool {
+    let title = lower_words(title);
+    !title.is_empty() && texts.iter().any(|text| text.windows(title.len()).any(|window| window == title.as_slice()))
 }
 
 /// The parts of `run` whose words weigh at least half its heaviest.
@@ -273,6 +293,21 @@ mod tests {
         ];
         let known = ["What trade does the person who established Bura Mills practise?".to_owned()];
         assert_eq!(bridges(&hits, &known, &stats), [" Brarour Maibodres", " Detrer"]);
+    }
+
+    #[test]
+    fn names_read_on_the_named_entitys_own_document_outrank_a_better_hit_that_mentions_it() {
+        let stats = stats(&[("bregar-pa", 4), ("ludin-klai", 4), ("mysql", 30), ("release", 40), ("logging", 40)]);
+        let hits = [
+            hit("bregar-pa release notes. bregar-pa release 3.1 changed logging in calls to pourik-zai."),
+            hit("pourik-zai. pourik-zai stores data in MySQL and calls ludin-klai for downstream work."),
+        ];
+        let known = ["What datastore backs the dependency of pourik-zai?".to_owned()];
+        assert_eq!(bridges(&hits, &known, &stats)[..2], [" ludin-klai", " bregar-pa"]);
+        let unnamed = ["What datastore backs the dependency of it?".to_owned()];
+        assert_eq!(bridges(&hits, &unnamed, &stats)[0], " bregar-pa", "no title named: rank decides");
+        assert!(!names(&[lower_words("pourik-zai x")], "pourik"), "a title is named whole");
+        assert!(!names(&[lower_words("anything")], " "), "an empty title is named by nothing");
     }
 
     #[test]
