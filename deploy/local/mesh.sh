@@ -70,7 +70,9 @@ mesh_start() {
     "$bin/$name" >>"$mesh_work/$name.log" 2>&1 &
   mesh_pids+=($!)
   mesh_pid[$name]=$!
-  say "started $name on 127.0.0.1:${mesh_port[$name]} (pid $!)"
+  local where="127.0.0.1:${mesh_port[$name]}"
+  [[ "${mesh_port[$name]}" != 0 ]] || where="a port the system picks"
+  say "started $name on $where (pid $!)"
 }
 
 mesh_stop() {

@@ -190,6 +190,11 @@ fi
 policy="$(realpath "$policy")"
 
 mesh_init "$work"
+# Nothing calls a run's learner (it calls the orchestrator), so it listens on
+# a port the system picks: each run starts its own, and a fixed port lies in
+# Linux's ephemeral range (32768-60999), where a connection made in the
+# minute between two runs' learners can take it.
+mesh_port[learner]=0
 export SLEUTH_MODEL="$policy" SLEUTH_COLLECTIONS="$collection=$work/index" SLEUTH_ORCHESTRATOR="$orchestrator"
 # The gateway may offer every search; each run's `agent.tools` says which its agent sees.
 export SLEUTH_RM3_TOOL=true SLEUTH_HYBRID_TOOL=true
@@ -241,8 +246,19 @@ SPEC
 train() {
   say "[$(elapsed)] run $1: $(head -c -1 <<<"$2" | tr '\n' ' ')"
   SLEUTH_RUN_ID="$1" mesh_start learner
-  "$bin/sleuth" run create -f "$work/$1.yaml" --id "$1" --watch
-  wait "${mesh_pid[learner]}" || { say "the learner of run $1 failed (see $work/learner.log)"; exit 1; }
+  local learner="${mesh_pid[learner]}" watch ended status
+  "$bin/sleuth" run create -f "$work/$1.yaml" --id "$1" --watch &
+  watch=$!
+  # A learner that dies (it cannot listen, cannot load its start model)
+  # leaves its run waiting for steps forever: stop at once, naming its log.
+  wait -n -p ended "$watch" "$learner" && status=0 || status=$?
+  if [[ "$ended" == "$learner" ]]; then
+    ((status == 0)) || { kill "$watch"; say "the learner of run $1 failed (see $work/learner.log)"; exit 1; }
+    wait "$watch"
+  else
+    ((status == 0)) || exit "$status"
+    wait "$learner" || { say "the learner of run $1 failed (see $work/learner.log)"; exit 1; }
+  fi
   unset 'mesh_pid[learner]'
   "$bin/sleuth" run report "$1" --png "$work/$1.png" | tee "$work/$1.report"
 }
