@@ -5,7 +5,8 @@
 #   1. index the collection (BM25; --vectors or --hybrid-row add vector search),
 #      and choose the agent's opening search on the validation split: the
 #      search of the question (BM25, BM25+RM3, with vectors hybrid) whose
-#      nDCG@10 there is highest;
+#      nDCG@10 there is highest; print which of its listed leads reach the
+#      next judged document (`tool-gateway leads`);
 #   2. the base policy: --policy DIR, or a fresh tiny one made for the
 #      collection (`learner init-policy` with copy pre-training);
 #   3. start the mesh (Redis, orchestrator, agent worker, tool gateway,
@@ -171,6 +172,11 @@ if [[ -z "$opening" ]]; then
   done
 fi
 say "the agent's opening search: $opening"
+# What following leads can add to that search on this collection (which
+# lead reaches each validation question's next judged document): near none
+# on a one-hop collection, where the agent's best move is to submit at once.
+"$bin/tool-gateway" leads --index "$work/index" --source "$tasks" --split validation --method "${opening%_search}" \
+  | tee "$work/leads.txt"
 # The agent's tools: BM25, the opening search, vector search with --vectors,
 # follow_lead (search a lead the latest results list, by its number: a tiny
 # policy chooses a number where it could not copy a name), and the answer

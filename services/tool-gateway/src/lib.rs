@@ -17,6 +17,7 @@ pub mod error;
 pub mod handlers;
 pub mod index;
 pub mod offline;
+pub mod reach;
 pub mod rm3;
 pub mod storage;
 pub mod tools;

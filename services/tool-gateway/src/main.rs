@@ -21,6 +21,9 @@ enum Command {
     Search(tool_gateway::offline::SearchArgs),
     /// Run every judged query of a BEIR split and report nDCG@10, recall@100 and MRR.
     Evaluate(tool_gateway::offline::EvaluateArgs),
+    /// Follow the listed leads of every judged query of a split and report
+    /// which lead number reaches the next judged document, hop by hop.
+    Leads(tool_gateway::offline::LeadsArgs),
 }
 
 #[tokio::main]
@@ -30,6 +33,7 @@ async fn main() -> anyhow::Result<()> {
         Some(Command::Index(args)) => tool_gateway::offline::index(args)?,
         Some(Command::Search(args)) => tool_gateway::offline::search(args)?,
         Some(Command::Evaluate(args)) => tool_gateway::offline::evaluate(args)?,
+        Some(Command::Leads(args)) => tool_gateway::offline::leads(args)?,
         None => {
             let config = cli.config;
             let _telemetry = sleuth_kit::telemetry::init("tool-gateway", &config.telemetry)?;

@@ -1,5 +1,5 @@
 //! Command-line work on index directories, without a running gateway:
-//! `index`, `search` and `evaluate`.
+//! `index`, `search`, `evaluate` and `leads`.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use sleuth_beir::{BadLines, BeirDir};
+use sleuth_chat::observation::SEARCH_HITS;
 use sleuth_metrics::run::write_run;
 
 use crate::bm25::{Bm25Options, Stemming};
@@ -14,6 +15,8 @@ use crate::collection::{Collection, validate_name};
 use crate::embed::Encoder;
 use crate::error::Error;
 use crate::index::{self, BuildProgress};
+use crate::reach;
+use crate::tools::{self, ToolCall};
 use crate::vectors::VectorSearch;
 
 #[derive(clap::Args, Debug)]
@@ -208,4 +211,88 @@ pub fn evaluate(args: EvaluateArgs) -> Result<(), Error> {
         println!("run written to {}", path.display());
     }
     Ok(())
+}
+
+#[derive(clap::Args, Debug)]
+pub struct LeadsArgs {
+    /// Index directory.
+    #[arg(long)]
+    pub index: PathBuf,
+    /// BEIR directory with queries.jsonl and qrels/.
+    #[arg(long)]
+    pub source: PathBuf,
+    /// Qrels split whose questions are followed (choose settings on validation, not test).
+    #[arg(long, default_value = "validation")]
+    pub split: String,
+    /// The agent's opening search.
+    #[arg(long, value_enum, default_value = "bm25")]
+    pub method: Retriever,
+    /// Hops followed after the opening search.
+    #[arg(long, default_value_t = 3)]
+    pub hops: usize,
+    /// Characters of an observation the agent sees (its `observation_char_cap`; 0 = all).
+    #[arg(long, default_value_t = 2000)]
+    pub char_cap: usize,
+    /// Embedding model directory for --method vector or hybrid; default: the venv's all-MiniLM-L6-v2.
+    #[arg(long, env = "SLEUTH_EMBEDDING_MODEL")]
+    pub embedding_model: Option<PathBuf>,
+}
+
+/// Which listed lead reaches each judged question's next document, hop by
+/// hop (`crate::reach`): whether multi-hop search can add to the opening
+/// search on this collection, before training anything.
+pub fn leads(args: LeadsArgs) -> Result<(), Error> {
+    let collection = Collection::open(&args.index, args.index.display().to_string())?;
+    let beir = BeirDir::new(&args.source);
+    let qrels = beir.qrels(&args.split)?;
+    let texts: BTreeMap<String, String> =
+        beir.queries(BadLines::Fail)?.into_iter().map(|query| (query.id, query.text)).collect();
+    let (ids, questions): (Vec<&str>, Vec<_>) = reach::judged_questions(&texts, &qrels).into_iter().unzip();
+    if questions.is_empty() {
+        return Err(Error::InvalidArgument(format!(
+            "--split {}: no judged question of {} has a text in queries.jsonl",
+            args.split,
+            args.source.display()
+        )));
+    }
+    let vectors = match args.method {
+        Retriever::Vector | Retriever::Hybrid => {
+            let texts: Vec<String> = questions.iter().map(|q| q.text.to_owned()).collect();
+            Some(encoder(args.embedding_model)?.encode_all(&texts, 32, &mut |_| {})?)
+        }
+        Retriever::Bm25 | Retriever::Rm3 => None,
+    };
+    let started = Instant::now();
+    // Progress on long splits: a line every 10 seconds.
+    let last_report = std::cell::Cell::new(Instant::now());
+    let opening = |index: usize, text: &str| {
+        if last_report.get().elapsed().as_secs() >= 10 {
+            eprintln!("leads: {index} of {} questions followed (at {})", questions.len(), ids[index]);
+            last_report.set(Instant::now());
+        }
+        let vector = vectors.as_ref().map(|v| v[index].as_slice());
+        tools::execute(&collection, &opening_call(args.method, text), vector, args.char_cap, 0)
+    };
+    let reached = reach::reach(&collection, &questions, opening, args.hops, args.char_cap)?;
+    println!(
+        "{} {}, opening search {}, {} hits shown: which listed lead reaches the next judged document ({:.0} s)",
+        collection.name(),
+        args.split,
+        opening_call(args.method, "").name(),
+        SEARCH_HITS,
+        started.elapsed().as_secs_f64()
+    );
+    println!("{}", reached.render());
+    Ok(())
+}
+
+/// The agent's opening search of `question` by `method`.
+fn opening_call(method: Retriever, question: &str) -> ToolCall {
+    let (query, k) = (question.to_owned(), SEARCH_HITS);
+    match method {
+        Retriever::Bm25 => ToolCall::Bm25Search { query, k },
+        Retriever::Rm3 => ToolCall::Rm3Search { query, k },
+        Retriever::Vector => ToolCall::VectorSearch { query, k },
+        Retriever::Hybrid => ToolCall::HybridSearch { query, k },
+    }
 }

@@ -83,6 +83,19 @@ pub enum ToolCall {
     ReadDocument { doc_id: String },
 }
 
+impl ToolCall {
+    /// The tool's name, as published by ListTools.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Bm25Search { .. } => BM25_SEARCH,
+            Self::Rm3Search { .. } => RM3_SEARCH,
+            Self::VectorSearch { .. } => VECTOR_SEARCH,
+            Self::HybridSearch { .. } => HYBRID_SEARCH,
+            Self::ReadDocument { .. } => READ_DOCUMENT,
+        }
+    }
+}
+
 /// Parses the arguments a model generated for tool `name`.
 pub fn parse_call(name: &str, arguments_json: &str) -> Result<ToolCall, Error> {
     match name {
