@@ -53,6 +53,29 @@ impl Tally {
     }
 }
 
+/// Flat groups in a row after which the learner says so (and again each
+/// time the streak doubles): a few flat groups are normal, a batch's worth
+/// four times over is a policy that no longer varies.
+pub(crate) const FLAT_STREAK_WARNING: u64 = 32;
+
+/// Groups in a row whose episodes all got one reward. A policy that stopped
+/// varying its episodes (a step that collapsed it, a sampling temperature
+/// near 0) makes every group flat, and GRPO then takes no step at all, so
+/// nothing, the KL anchor included, moves it back: an operator must hear of
+/// it instead of watching a run go on to its end unchanged.
+#[derive(Debug, Default)]
+pub(crate) struct FlatStreak(u64);
+
+impl FlatStreak {
+    /// Counts one group's `disposition`; returns the streak when it is due
+    /// to be reported ([`FLAT_STREAK_WARNING`], then each doubling).
+    pub(crate) fn observe(&mut self, disposition: Disposition) -> Option<u64> {
+        self.0 = if disposition == Disposition::Flat { self.0 + 1 } else { 0 };
+        (self.0.is_multiple_of(FLAT_STREAK_WARNING) && (self.0 / FLAT_STREAK_WARNING).is_power_of_two())
+            .then_some(self.0)
+    }
+}
+
 /// Tells the orchestrator (through Redis) the version now served and how
 /// many groups the learner is done with: its staleness window moves on.
 pub(crate) async fn announce(sources: &Sources, run_id: &str, version: u64, taken: u64) -> Result<(), Error> {
@@ -273,5 +296,17 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_streak_of_flat_groups_is_reported_at_the_threshold_and_each_doubling_and_ends_with_any_other_group() {
+        let mut streak = FlatStreak::default();
+        let reported: Vec<u64> =
+            (0..5 * FLAT_STREAK_WARNING).filter_map(|_| streak.observe(Disposition::Flat)).collect();
+        assert_eq!(reported, [FLAT_STREAK_WARNING, 2 * FLAT_STREAK_WARNING, 4 * FLAT_STREAK_WARNING]);
+        assert_eq!(streak.observe(Disposition::Stale), None);
+        let again: Vec<u64> = (0..FLAT_STREAK_WARNING).filter_map(|_| streak.observe(Disposition::Flat)).collect();
+        assert_eq!(again, [FLAT_STREAK_WARNING], "a trained or stale group starts a new streak");
+        assert_eq!(streak.observe(Disposition::Trained), None);
     }
 }

@@ -22,7 +22,7 @@ use crate::Error;
 use crate::advantage::Estimator;
 use crate::batch;
 use crate::checkpoint::{self, Meta};
-use crate::intake::{Tally, announce, commit_trained, read_fresh, take_group};
+use crate::intake::{FlatStreak, Tally, announce, commit_trained, read_fresh, take_group};
 use crate::publish::Publisher;
 use crate::records::Disposition;
 use crate::trainer::{StepStats, Trainer};
@@ -207,6 +207,7 @@ pub async fn lead(
     let mut last_reconcile = std::time::Instant::now();
     let mut run_over = false;
     let mut planned = None;
+    let mut flat_streak = FlatStreak::default();
 
     while plan.max_steps == 0 || meta.steps_trained() < plan.max_steps {
         trainer = validated::await_validation(trainer, &plan, &sources, meta.step, &mut stop).await?;
@@ -250,6 +251,14 @@ pub async fn lead(
             let (group_samples, record) = take_group(&entry, &plan, meta.step);
             if record.disposition == Disposition::Rejected {
                 tracing::error!(entry = %entry.id, error = %record.detail, "group rejected");
+            }
+            if let Some(groups) = flat_streak.observe(record.disposition) {
+                tracing::warn!(
+                    groups,
+                    "the last {groups} groups were flat (every episode of each got one reward): the policy no \
+                     longer varies its episodes, so there is nothing to learn from and no step is taken; a \
+                     step that collapsed it (too high a learning rate) or a sampling temperature near 0 does this"
+                );
             }
             samples.extend(group_samples);
             tally.groups.push(record);
