@@ -253,17 +253,18 @@ train() {
   say "[$(elapsed)] run $1: $(head -c -1 <<<"$2" | tr '\n' ' ')"
   SLEUTH_RUN_ID="$1" mesh_start learner
   local learner="${mesh_pid[learner]}" watch ended status
+  local failed="the learner of run $1 failed (see $work/learner.log)"
   "$bin/sleuth" run create -f "$work/$1.yaml" --id "$1" --watch &
   watch=$!
   # A learner that dies (it cannot listen, cannot load its start model)
   # leaves its run waiting for steps forever: stop at once, naming its log.
   wait -n -p ended "$watch" "$learner" && status=0 || status=$?
   if [[ "$ended" == "$learner" ]]; then
-    ((status == 0)) || { kill "$watch"; say "the learner of run $1 failed (see $work/learner.log)"; exit 1; }
+    ((status == 0)) || { kill "$watch"; say "$failed"; exit 1; }
     wait "$watch"
   else
     ((status == 0)) || exit "$status"
-    wait "$learner" || { say "the learner of run $1 failed (see $work/learner.log)"; exit 1; }
+    wait "$learner" || { say "$failed"; exit 1; }
   fi
   unset 'mesh_pid[learner]'
   "$bin/sleuth" run report "$1" --png "$work/$1.png" | tee "$work/$1.report"
