@@ -31,7 +31,7 @@ pub struct Question<'a> {
 /// What following leads reached over a split's questions.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct Reach {
-    /// Questions measured.
+    /// Questions measured (those with a document judged relevant).
     pub questions: usize,
     /// Per hop (the first is hop 1): what its leads reached.
     pub hops: Vec<HopReach>,
@@ -67,11 +67,13 @@ pub fn reach(
         let call = ToolCall::Bm25Search { query: lead.to_owned(), k: SEARCH_HITS };
         tools::execute(collection, &call, None, char_cap, 0)
     };
-    let mut out = Reach { questions: questions.len(), hops: vec![HopReach::default(); hops], ..Reach::default() };
+    let mut out = Reach { hops: vec![HopReach::default(); hops], ..Reach::default() };
     for (index, question) in questions.iter().enumerate() {
+        // A question judged with no relevant document has nothing to reach.
         if question.judged.is_empty() {
             continue;
         }
+        out.questions += 1;
         let mut shown: HashSet<String> = HashSet::new();
         let mut observation = opening(index, question.text)?;
         shown.extend(shown_ids(collection, &observation));
@@ -219,6 +221,8 @@ mod tests {
             Question { text: "Which town is home to the founder of Fanil Foundry?", judged: ["fanil", "masai"].into() },
             // No lead of the tiles maker's page leads to the marsh page.
             Question { text: "Which foundry makes clay tiles?", judged: ["nefas", "marsh"].into() },
+            // Judged, but nothing relevant (every grade 0): not measured.
+            Question { text: "Who makes glass beads?", judged: HashSet::new() },
         ];
         let opening = |_: usize, text: &str| {
             let call = ToolCall::Bm25Search { query: text.to_owned(), k: SEARCH_HITS };
