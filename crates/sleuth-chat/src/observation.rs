@@ -44,6 +44,13 @@ pub fn search_results(tool: &str, query: &str, hits: &[Hit]) -> String {
     text
 }
 
+/// Whether a search observation shows hit `id`: every hit it lists, unless
+/// the observation cap `truncated` it, when only those whose line
+/// ([`search_results`]) survived the cut were shown.
+pub fn shows(observation: &str, truncated: bool, id: &str) -> bool {
+    !truncated || observation.contains(&format!("doc_id: {id}"))
+}
+
 /// At most `max` characters of `text`, cut at a character boundary.
 pub fn shorten(text: &str, max: usize) -> &str {
     match text.char_indices().nth(max) {
@@ -148,6 +155,16 @@ pub fn ranking(searches: &[Searched], limit: usize) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_truncated_observation_shows_only_the_hits_whose_line_survived_the_cut() {
+        let hits = [Hit { id: "d1", title: "One", text: "first" }, Hit { id: "d2", title: "Two", text: "second" }];
+        let text = search_results("bm25_search", "q", &hits);
+        let cut = &text[..text.find("doc_id: d2").unwrap()];
+        assert!(shows(&text, false, "d2") && shows(cut, false, "d2"), "an untruncated observation shows every hit");
+        assert!(shows(cut, true, "d1"));
+        assert!(!shows(cut, true, "d2"));
+    }
 
     #[test]
     fn rendered_results_parse_back_to_their_hits() {

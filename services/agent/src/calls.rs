@@ -7,7 +7,9 @@
 
 use serde_json::json;
 use sleuth_chat::bridge::WordStats;
-use sleuth_chat::observation::{LEADS, SEARCH_HITS, SUBMITTED, Searched, parse_search_results, ranking, with_leads};
+use sleuth_chat::observation::{
+    LEADS, SEARCH_HITS, SUBMITTED, Searched, parse_search_results, ranking, shows, with_leads,
+};
 use sleuth_chat::tools::{BM25_SEARCH, FOLLOW_LEAD, SEARCH_TOOLS};
 use sleuth_kit::client::within;
 use sleuth_proto::common::v1::{ChatMessage, EpisodeOutcome, ToolCall};
@@ -154,9 +156,7 @@ pub(crate) async fn run_tools(
                         };
                         let ids: Vec<String> = response.hits.into_iter().map(|hit| hit.doc_id).collect();
                         // A hit cut off by the observation cap was never shown.
-                        let visible = |id: &&String| {
-                            !response.truncated || response.observation.contains(&format!("doc_id: {id}"))
-                        };
+                        let visible = |id: &&String| shows(&response.observation, response.truncated, id);
                         ids.iter().take(shown).filter(visible).for_each(|id| found.show(id));
                         found.searches.push(Searched { ids, shown });
                     }

@@ -16,7 +16,7 @@
 use std::collections::{BTreeMap, HashSet};
 
 use sleuth_chat::bridge::{WordStats, leads};
-use sleuth_chat::observation::{LEADS, SEARCH_HITS, parse_search_results};
+use sleuth_chat::observation::{LEADS, SEARCH_HITS, parse_search_results, shows};
 
 use crate::collection::Collection;
 use crate::error::Error;
@@ -123,7 +123,7 @@ fn shown_ids(collection: &Collection, observation: &Observation) -> Vec<String> 
     observation.hits[..observation.shown]
         .iter()
         .map(|hit| collection.document(hit.ordinal).id.clone())
-        .filter(|id| !observation.truncated || observation.text.contains(&format!("doc_id: {id}")))
+        .filter(|id| shows(&observation.text, observation.truncated, id))
         .collect()
 }
 
