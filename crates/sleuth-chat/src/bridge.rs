@@ -148,7 +148,7 @@ impl WordStats {
 /// sponsorship note), and counting them made those words the bridge.
 pub fn bridges(hits: &[ListedHit], known: &[String], stats: &WordStats) -> Vec<String> {
     let known_texts: Vec<Vec<String>> = known.iter().map(|k| lower_words(k)).collect();
-    let named: Vec<bool> = hits.iter().map(|hit| names(&known_texts, &hit.title)).collect();
+    let named: Vec<bool> = hits.iter().map(|hit| names(&known_texts, &lower_words(&hit.title))).collect();
     let known: HashSet<String> = known_texts.into_iter().flatten().collect();
     let titles: Vec<String> = hits.iter().map(|hit| hit.title.to_lowercase()).collect();
     // (salience, first seen, phrase): first seen keeps ties in reading order.
@@ -194,16 +194,24 @@ pub fn leads(hits: &[ListedHit], known: &[String], stats: &WordStats) -> Vec<Str
     bridges(hits, known, stats).into_iter().take(LEADS).map(|lead| lead.trim().to_owned()).collect()
 }
 
+/// The first of `hits` whose text shows `lead` (its words, in order and
+/// adjacent, whatever their case): the document a lead was read in, the
+/// link a search that follows it adds to the chain.
+pub fn read_in<'h>(hits: &'h [ListedHit], lead: &str) -> Option<&'h ListedHit> {
+    let lead = lower_words(lead);
+    hits.iter().find(|hit| names(&[lower_words(&hit.text)], &lead))
+}
+
 /// The lower-cased [`words`] of `text`.
 fn lower_words(text: &str) -> Vec<String> {
     words(text).iter().map(|w| w.text.to_lowercase()).collect()
 }
 
-/// Whether one of `texts` (lower-cased words) names `title`: holds its
-/// words, in order and adjacent. An empty title is named by nothing.
-fn names(texts: &[Vec<String>], title: &str) -> bool {
-    let title = lower_words(title);
-    !title.is_empty() && texts.iter().any(|text| text.windows(title.len()).any(|window| window == title.as_slice()))
+/// Whether one of `texts` (lower-cased words) names `title` (lower-cased
+/// words): holds its words, in order and adjacent. An empty title is named
+/// by nothing.
+fn names(texts: &[Vec<String>], title: &[String]) -> bool {
+    !title.is_empty() && texts.iter().any(|text| text.windows(title.len()).any(|window| window == title))
 }
 
 /// The parts of `run` whose words weigh at least half its heaviest.
@@ -306,8 +314,20 @@ mod tests {
         assert_eq!(bridges(&hits, &known, &stats)[..2], [" ludin-klai", " bregar-pa"]);
         let unnamed = ["What datastore backs the dependency of it?".to_owned()];
         assert_eq!(bridges(&hits, &unnamed, &stats)[0], " bregar-pa", "no title named: rank decides");
-        assert!(!names(&[lower_words("pourik-zai x")], "pourik"), "a title is named whole");
-        assert!(!names(&[lower_words("anything")], " "), "an empty title is named by nothing");
+        assert!(!names(&[lower_words("pourik-zai x")], &lower_words("pourik")), "a title is named whole");
+        assert!(!names(&[lower_words("anything")], &lower_words(" ")), "an empty title is named by nothing");
+    }
+
+    #[test]
+    fn a_lead_was_read_in_the_first_hit_that_shows_its_words() {
+        let hits = [
+            hit("bregar-pa release notes. bregar-pa release 3.1 changed logging."),
+            hit("pourik-zai. pourik-zai was started by Ada  Varnok, who calls bregar-pa."),
+        ];
+        assert_eq!(read_in(&hits, "ada varnok").map(|h| h.title.as_str()), Some("pourik-zai"));
+        assert_eq!(read_in(&hits, "bregar-pa").map(|h| h.title.as_str()), Some("bregar-pa release notes"));
+        assert!(read_in(&hits, "Varnok Ada").is_none(), "words in order");
+        assert!(read_in(&hits, "").is_none());
     }
 
     #[test]

@@ -123,25 +123,40 @@ pub fn parse_search_results(observation: &str) -> Vec<ListedHit> {
 
 /// What one search of an episode found: its hits' ids, best first, of
 /// which the first `shown` were in the observation (the rest were ranked
-/// deeper, see `CallToolRequest.ranking_depth`).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// deeper, see `CallToolRequest.ranking_depth`), and, for a search of a
+/// name the previous search's results showed (a lead followed, a name the
+/// model read), the hit it was read in.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Searched {
     pub ids: Vec<String>,
     pub shown: usize,
+    /// The document whose text showed this search's query: the link of a
+    /// multi-hop chain that names the next entity.
+    pub link: Option<String>,
 }
 
 /// The documents the searches of an episode found, each once, at most
-/// `limit` of them: what a submission without ids ranks. First every
-/// search's shown hits, the latest search's first, because a multi-hop
-/// search ends at the answer, which its first search (the question) could
-/// not reach; then the hits ranked below those shown, again latest first.
-/// An agent that submits after its opening search so ranks exactly that
+/// `limit` of them: what a submission without ids ranks. A chain of
+/// searched names comes first: the latest search's first hit (the page of
+/// the entity the chain ended at), then each search's link (the document
+/// its name was read in), latest first. Those are the chain's evidence, as
+/// a multi-hop question's supporting documents are the pages its bridges
+/// were read on and the answer's own (HotpotQA's supporting facts); ranked
+/// by search alone they sat five hits apart, the opening one at rank 11
+/// after two hops, past the metric's depth. Then every search's shown
+/// hits, the latest search's first, because a multi-hop search ends at the
+/// answer, which its first search (the question) could not reach; then the
+/// hits ranked below those shown, again latest first. An agent that
+/// submits after its opening search (no link) so ranks exactly that
 /// search's top `limit`, the depth the metric scores.
 pub fn ranking(searches: &[Searched], limit: usize) -> Vec<String> {
+    let links: Vec<&String> = searches.iter().rev().filter_map(|s| s.link.as_ref()).collect();
+    let ended_at = searches.last().and_then(|s| s.ids.first()).filter(|_| !links.is_empty());
+    let chain = ended_at.into_iter().chain(links);
     let shown = searches.iter().rev().flat_map(|s| &s.ids[..s.shown.min(s.ids.len())]);
     let deeper = searches.iter().rev().flat_map(|s| &s.ids[s.shown.min(s.ids.len())..]);
     let mut ranking: Vec<String> = Vec::new();
-    for id in shown.chain(deeper) {
+    for id in chain.chain(shown).chain(deeper) {
         if ranking.len() == limit {
             break;
         }
@@ -202,8 +217,11 @@ mod tests {
 
     #[test]
     fn the_searched_ranking_puts_the_latest_search_first_and_each_document_once() {
-        let searched =
-            |ids: &[&str], shown: usize| Searched { ids: ids.iter().map(|id| (*id).to_owned()).collect(), shown };
+        let searched = |ids: &[&str], shown: usize| Searched {
+            ids: ids.iter().map(|id| (*id).to_owned()).collect(),
+            shown,
+            ..Default::default()
+        };
         let ids = |ids: &[&str]| ids.iter().map(|id| (*id).to_owned()).collect::<Vec<_>>();
         let searches = [searched(&["o3", "do3"], 2), searched(&["p3", "o3"], 2), searched(&["c1"], 1)];
         assert_eq!(ranking(&searches, 10), ids(&["c1", "p3", "o3", "do3"]));
@@ -214,7 +232,26 @@ mod tests {
         assert_eq!(ranking(&deep, 10), ids(&["b1", "a1", "a2", "b3", "b4", "a3", "a4"]));
         // One search ranked to the metric's depth: exactly its top 10.
         let top: Vec<String> = (1..=12).map(|i| format!("d{i}")).collect();
-        let opening = [Searched { ids: top.clone(), shown: 5 }];
+        let opening = [Searched { ids: top.clone(), shown: 5, ..Default::default() }];
         assert_eq!(ranking(&opening, 10), top[..10].to_vec());
+    }
+
+    #[test]
+    fn a_chain_of_followed_leads_ranks_its_end_and_links_first() {
+        let searched = |ids: &[&str], link: Option<&str>| Searched {
+            ids: ids.iter().map(|id| (*id).to_owned()).collect(),
+            shown: 5,
+            link: link.map(str::to_owned),
+        };
+        let ids = |ids: &[&str]| ids.iter().map(|id| (*id).to_owned()).collect::<Vec<_>>();
+        // An incident names a service, whose page names its team.
+        let searches = [
+            searched(&["note", "incident", "x1", "x2", "x3"], None),
+            searched(&["other", "service", "y1", "y2", "y3"], Some("incident")),
+            searched(&["team", "z1", "z2", "z3", "z4"], Some("service")),
+        ];
+        let ranked = ranking(&searches, 10);
+        assert_eq!(ranked[..3], ids(&["team", "service", "incident"]));
+        assert_eq!(ranked[3..], ids(&["z1", "z2", "z3", "z4", "other", "y1", "y2"]));
     }
 }

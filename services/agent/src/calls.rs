@@ -6,9 +6,9 @@
 //! run as `bm25_search` of the lead it numbers.
 
 use serde_json::json;
-use sleuth_chat::bridge::WordStats;
+use sleuth_chat::bridge::{WordStats, read_in};
 use sleuth_chat::observation::{
-    LEADS, SEARCH_HITS, SUBMITTED, Searched, parse_search_results, ranking, shows, with_leads,
+    LEADS, ListedHit, SEARCH_HITS, SUBMITTED, Searched, parse_search_results, ranking, shows, with_leads,
 };
 use sleuth_chat::tools::{BM25_SEARCH, FOLLOW_LEAD, SEARCH_TOOLS};
 use sleuth_kit::client::within;
@@ -23,12 +23,14 @@ use crate::prompt::{SUBMIT_ANSWER, SUBMIT_TOOL, parse_answer, parse_submission};
 /// a submission without ids ranks), every document a tool showed (what a
 /// citation may count for), and, for a teacher, the collection's
 /// statistics of every word they showed (`None` asks the gateway for
-/// none), and the leads `follow_lead` follows, where it is offered.
+/// none), the leads `follow_lead` follows, where it is offered, and the
+/// latest search's hits (where the next query may have been read).
 pub(crate) struct Found {
     pub searches: Vec<Searched>,
     pub shown: Vec<String>,
     pub word_stats: Option<WordStats>,
     pub leads: Option<Leads>,
+    latest: Vec<ListedHit>,
 }
 
 /// The leads of an episode whose policy is offered `follow_lead`.
@@ -47,7 +49,7 @@ impl Found {
     pub fn new(question: &str, statistics: bool, follow: bool) -> Self {
         let leads = follow.then(|| Leads { known: vec![question.to_owned()], listed: Vec::new() });
         let word_stats = (statistics || follow).then(WordStats::default);
-        Self { searches: Vec::new(), shown: Vec::new(), word_stats, leads }
+        Self { searches: Vec::new(), shown: Vec::new(), word_stats, leads, latest: Vec::new() }
     }
 
     fn show(&mut self, id: &str) {
@@ -56,17 +58,23 @@ impl Found {
         }
     }
 
-    /// `observation` of a search for `arguments_json`'s query with the leads
-    /// its results offer, which become the ones `follow_lead` numbers.
-    fn list_leads(&mut self, observation: String, arguments_json: &str) -> String {
+    /// Keeps a search for `query` that ranked `ids` (the first `shown` of
+    /// them shown), linked to the latest search's hit the query was read in:
+    /// a lead followed, or a name the model read and searched.
+    fn searched(&mut self, query: Option<&str>, ids: Vec<String>, shown: usize) {
+        let link = query.and_then(|query| read_in(&self.latest, query)).map(|hit| hit.id.clone());
+        self.searches.push(Searched { ids, shown, link });
+    }
+
+    /// `observation` of a search for `query`, with the leads its results
+    /// offer where `follow_lead` is (which become the ones it numbers).
+    fn list_leads(&mut self, observation: String, query: Option<&str>) -> String {
+        self.latest = parse_search_results(&observation);
         let (Some(leads), Some(stats)) = (self.leads.as_mut(), self.word_stats.as_ref()) else {
             return observation;
         };
-        let arguments: serde_json::Value = serde_json::from_str(arguments_json).unwrap_or_default();
-        if let Some(query) = arguments.get("query").and_then(|q| q.as_str()) {
-            leads.known.push(query.to_owned());
-        }
-        leads.listed = sleuth_chat::bridge::leads(&parse_search_results(&observation), &leads.known, stats);
+        leads.known.extend(query.map(str::to_owned));
+        leads.listed = sleuth_chat::bridge::leads(&self.latest, &leads.known, stats);
         with_leads(&observation, &leads.listed)
     }
 }
@@ -134,6 +142,11 @@ pub(crate) async fn run_tools(
             }
             None => (call.name.clone(), call.arguments_json.clone()),
         };
+        let arguments: serde_json::Value = serde_json::from_str(&arguments_json).unwrap_or_default();
+        let query = match SEARCH_TOOLS.contains(&name.as_str()) {
+            true => arguments.get("query").and_then(|q| q.as_str()),
+            false => None,
+        };
         let request = tools::CallToolRequest {
             collection: collection.to_owned(),
             name: name.clone(),
@@ -158,7 +171,7 @@ pub(crate) async fn run_tools(
                         // A hit cut off by the observation cap was never shown.
                         let visible = |id: &&String| shows(&response.observation, response.truncated, id);
                         ids.iter().take(shown).filter(visible).for_each(|id| found.show(id));
-                        found.searches.push(Searched { ids, shown });
+                        found.searched(query, ids, shown);
                     }
                     if let Some(document) = &response.document {
                         found.show(&document.doc_id);
@@ -168,7 +181,7 @@ pub(crate) async fn run_tools(
                         stats.documents = response.documents;
                     }
                     match SEARCH_TOOLS.contains(&name.as_str()) {
-                        true => found.list_leads(response.observation, &arguments_json),
+                        true => found.list_leads(response.observation, query),
                         false => response.observation,
                     }
                 }
@@ -212,7 +225,7 @@ mod tests {
         stats.df.extend([("ada".to_owned(), 4), ("varnok".to_owned(), 3), ("started".to_owned(), 40)]);
         assert_eq!(follow(&found, r#"{"n": 1}"#).unwrap_err(), "the latest search listed no leads");
         let observation = "bm25_search results for \"q\":\n[1] doc_id: o3 | Klabou Atelier\nKlabou Atelier was started by Ada Varnok.\n";
-        let listed = found.list_leads(observation.to_owned(), r#"{"query": "Who founded Klabou Atelier?"}"#);
+        let listed = found.list_leads(observation.to_owned(), Some("Who founded Klabou Atelier?"));
         assert!(listed.ends_with("Leads to follow: 1. Ada Varnok; 2. started\n"), "{listed}");
         let followed: serde_json::Value = serde_json::from_str(&follow(&found, r#"{"n": 1}"#).unwrap()).unwrap();
         assert_eq!(followed, json!({"query": "Ada Varnok", "k": SEARCH_HITS}));
@@ -223,7 +236,19 @@ mod tests {
         assert!(follow(&found, "nope").unwrap_err().contains("not JSON"));
         // A lead searched is known: the next search lists none that repeat it.
         let person = "bm25_search results for \"Ada Varnok\":\n[1] doc_id: p3 | Ada Varnok\nAda Varnok started.\n";
-        let next = found.list_leads(person.to_owned(), r#"{"query": "Ada Varnok", "k": 5}"#);
+        let next = found.list_leads(person.to_owned(), Some("Ada Varnok"));
         assert!(next.ends_with("Leads to follow: 1. started\n"), "{next}");
+    }
+
+    #[test]
+    fn a_search_for_a_name_the_latest_results_show_links_the_hit_it_was_read_in() {
+        let mut found = Found::new("Who founded Klabou Atelier?", false, false);
+        found.searched(Some("Who founded Klabou Atelier?"), vec!["o3".into()], 1);
+        let observation = "bm25_search results for \"q\":\n[1] doc_id: o3 | Klabou Atelier\nKlabou Atelier was started by Ada Varnok.\n";
+        assert_eq!(found.list_leads(observation.to_owned(), Some("Who founded Klabou Atelier?")), observation);
+        found.searched(Some("ada varnok"), vec!["p3".into()], 1);
+        found.searched(Some("Bouzal"), vec!["t1".into()], 1);
+        let links: Vec<Option<&str>> = found.searches.iter().map(|s| s.link.as_deref()).collect();
+        assert_eq!(links, [None, Some("o3"), None], "the opening search and an unread name link nothing");
     }
 }

@@ -10,7 +10,7 @@
 //! ranked by the document frequencies the tool gateway reports with each
 //! search and by the rank of the hit showing it),
 //! then submit without ids: the agent ranks what the searches found, the
-//! last search's first. Where the run asks for answers in words (it offers
+//! chain they followed first. Where the run asks for answers in words (it offers
 //! `submit_answer`), the teacher answers with the bridge its last search
 //! shows (the entity one more hop would have searched: the chain's end;
 //! an exploring strategy draws it like a hop) and cites the first hit of
@@ -243,9 +243,8 @@ impl Teacher {
         (!ranked.is_empty()).then(|| (pick, ranked.swap_remove(pick)))
     }
 
-    /// A ranking submitted without ids: what the searches found, the last
-    /// search's first, then the hits ranked below those shown
-    /// (`sleuth_chat::observation::ranking`). The ids it saw, listed, would
+    /// A ranking submitted without ids: what the searches found, the chain
+    /// of bridges first (`sleuth_chat::observation::ranking`). The ids it saw, listed, would
     /// rank fewer documents, in more tokens, with ids to copy wrong.
     /// In words: the bridge the strategy would follow next (its pick after
     /// the last hop), or the title of the latest first hit
