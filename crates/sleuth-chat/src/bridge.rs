@@ -194,12 +194,12 @@ pub fn leads(hits: &[ListedHit], known: &[String], stats: &WordStats) -> Vec<Str
     bridges(hits, known, stats).into_iter().take(LEADS).map(|lead| lead.trim().to_owned()).collect()
 }
 
-/// The first of `hits` whose text shows `lead` (its words, in order and
-/// adjacent, whatever their case): the document a lead was read in, the
-/// link a search that follows it adds to the chain.
-pub fn read_in<'h>(hits: &'h [ListedHit], lead: &str) -> Option<&'h ListedHit> {
-    let lead = lower_words(lead);
-    hits.iter().find(|hit| names(&[lower_words(&hit.text)], &lead))
+/// The first of `hits` whose text shows `name` (its words, in order and
+/// adjacent, whatever their case): the document a searched name (a lead)
+/// was read in, the link its search adds to the chain.
+pub fn read_in<'h>(hits: &'h [ListedHit], name: &str) -> Option<&'h ListedHit> {
+    let name = lower_words(name);
+    hits.iter().find(|hit| names(&[lower_words(&hit.text)], &name))
 }
 
 /// The lower-cased [`words`] of `text`.

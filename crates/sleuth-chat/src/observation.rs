@@ -128,7 +128,9 @@ pub fn parse_search_results(observation: &str) -> Vec<ListedHit> {
 /// model read), the hit it was read in.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Searched {
+    /// The hits' document ids, best first.
     pub ids: Vec<String>,
+    /// How many of `ids`, from the first, the observation showed.
     pub shown: usize,
     /// The document whose text showed this search's query: the link of a
     /// multi-hop chain that names the next entity.
