@@ -142,11 +142,9 @@ pub(crate) async fn run_tools(
             }
             None => (call.name.clone(), call.arguments_json.clone()),
         };
+        let search = SEARCH_TOOLS.contains(&name.as_str());
         let arguments: serde_json::Value = serde_json::from_str(&arguments_json).unwrap_or_default();
-        let query = match SEARCH_TOOLS.contains(&name.as_str()) {
-            true => arguments.get("query").and_then(|q| q.as_str()),
-            false => None,
-        };
+        let query = arguments.get("query").and_then(|q| q.as_str()).filter(|_| search);
         let request = tools::CallToolRequest {
             collection: collection.to_owned(),
             name: name.clone(),
@@ -180,7 +178,7 @@ pub(crate) async fn run_tools(
                         stats.df.extend(response.word_df);
                         stats.documents = response.documents;
                     }
-                    match SEARCH_TOOLS.contains(&name.as_str()) {
+                    match search {
                         true => found.list_leads(response.observation, query),
                         false => response.observation,
                     }
