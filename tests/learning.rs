@@ -161,7 +161,7 @@ async fn trajectory_sft_raises_validation_ndcg_above_the_base() -> Result<()> {
 /// as the recipe chooses both (each run's best validated version). SFT
 /// imitates a teacher that always follows one bridge (`bm25:1`), so its
 /// policy searches twice on every question, which pays less on this
-/// collection than the opening search alone; GRPO, from SFT's best version,
+/// collection than the opening search alone; GRPO, from where SFT ended,
 /// has that reward to find. (With the mixture teacher SFT sometimes ends on
 /// the policy GRPO would find, submitting the opening search at once, and
 /// leaves GRPO nothing to improve.) RL that does not learn keeps SFT's

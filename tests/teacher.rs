@@ -356,12 +356,12 @@ async fn an_sft_run_imitates_the_teachers_best_episodes_from_one_spec() -> Resul
     let (exit, _) = grpo_learner.wait(std::time::Duration::from_secs(120))?;
     assert!(exit.success(), "learner exited with {exit}; log:\n{}", grpo_learner.log());
     let sft_checkpoints = scratch.path().join("checkpoints").join(RUN);
-    let expected = sleuth_metrics::validation::ranked_versions(&finished.validations)
-        .into_iter()
-        .map(|version| sft_checkpoints.join(learner::checkpoint::step_dir(version)))
-        .find(|dir| dir.join("COMPLETE").is_file())
-        .context("a validated SFT version with a checkpoint")?
-        .join("hf");
+    // GRPO continues where SFT ended (its newest complete checkpoint), whichever version validated best.
+    let sft_store = sleuth_store::ObjectStore::Local { root: sft_checkpoints.clone() };
+    let newest = *learner::checkpoint::complete_steps(&sft_store).await?.last().context("a complete SFT checkpoint")?;
+    let validated = finished.validations.iter().map(|v| v.version).max().context("validated")?;
+    assert_eq!(newest, validated, "SFT's last version is validated and has its checkpoint");
+    let expected = sft_checkpoints.join(learner::checkpoint::step_dir(newest)).join("hf");
     let grpo_steps = learner::records::steps(&database, "grpo").await?;
     let start = grpo_steps.iter().find(|(_, m)| m["republished"] == "start model").context("a start-model step")?;
     assert_eq!(start.1["model_uri"], expected.display().to_string(), "{grpo_steps:?}");

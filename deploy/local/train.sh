@@ -18,7 +18,7 @@
 #      every episode opens with the chosen search of the question
 #      (`agent.opening_search`), so each turn chooses between following a
 #      bridge named in the results and submitting;
-#   5. GRPO on the other half, from the SFT run's best validated checkpoint
+#   5. GRPO on the other half, from the policy the SFT run ended with
 #      (`policy.from_run`), the policy's own episodes, validated every few steps;
 #      with several --grpo settings, one run per setting, and the table's GRPO
 #      is the run whose best version scores highest on validation;

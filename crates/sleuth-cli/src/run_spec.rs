@@ -4,7 +4,7 @@
 //! is required (there is no default split to train on by accident). The
 //! learner takes `global_batch_size`, `max_staleness`, `training` and the
 //! start model (`policy.model_uri`, e.g. an SFT export, or `policy.from_run`,
-//! another run whose best checkpoint by validation it starts from) from the spec.
+//! another run whose final policy it starts from) from the spec.
 //!
 //! ```yaml
 //! name: scifact-grpo
@@ -68,8 +68,8 @@ struct Policy {
     /// s3:// prefix with the served model's architecture and tokenizer.
     #[serde(default)]
     model_uri: String,
-    /// Or the run whose policy it starts from (its best checkpoint by
-    /// validation), e.g. an SFT run before GRPO.
+    /// Or the run whose policy it starts from (the policy that run ended
+    /// with), e.g. an SFT run before GRPO.
     #[serde(default)]
     from_run: String,
 }

@@ -214,7 +214,7 @@ async fn start_and_train(
             starting.step(format!("exporting the final policy of run {source}, which this run starts from"));
             let source = run_spec::fetch_run(&orchestrator, token.as_ref(), &source).await?;
             let store = lineage::run_store(&config.checkpoint_uri, &source.run_id, &config.s3).await?;
-            config.start_model_uri = Some(lineage::source_export(&source, &store).await?);
+            config.start_model_uri = Some(lineage::final_export(&source, &store).await?);
         }
     }
     // The spec's start model, fetched when it is in S3; the copy lives as long as the learner.

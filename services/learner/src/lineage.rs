@@ -4,9 +4,13 @@
 //! different runs may share one store (one PVC or bucket in a cluster)
 //! without a new run ever resuming from another run's checkpoint. A run whose
 //! spec names `policy.from_run` (e.g. GRPO after trajectory SFT) starts from
-//! that run's policy, found in the same store: its best version by
-//! validation that still has a complete checkpoint (validation chooses, never
-//! training reward), else its newest checkpoint. The user copies nothing.
+//! the policy that run ended with, found in the same store: its newest
+//! complete checkpoint. RL continues where SFT ended, not from its best
+//! validated version: greedy validation can prefer an early version that
+//! submits at once (a strong opening search), and GRPO sampling such a
+//! policy finds every episode of a group alike and has nothing to learn
+//! from. The best validated version is what a run is evaluated and served
+//! with (`learner best-policy`). The user copies nothing.
 
 use sleuth_kit::BearerToken;
 use sleuth_proto::rollout::v1::{Run, RunStatus};
@@ -34,9 +38,37 @@ pub async fn run_store(base: &str, run: &str, s3: &S3Args) -> Result<ObjectStore
     Ok(store)
 }
 
-/// The HF export of `source` (a run, as its orchestrator records it) that a
-/// run naming it in `policy.from_run` starts from; `store` holds its checkpoints.
-pub async fn source_export(source: &Run, store: &ObjectStore) -> Result<String, Error> {
+/// The HF export of the policy `source` (a run, as its orchestrator records
+/// it) ended with, which a run naming it in `policy.from_run` starts from;
+/// `store` holds its checkpoints.
+pub async fn final_export(source: &Run, store: &ObjectStore) -> Result<String, Error> {
+    let (_, newest) = ended_checkpoints(source, store).await?;
+    let export = export_of(store, newest);
+    tracing::info!(run = %source.run_id, version = newest, %export, "starting from the policy another run ended with");
+    Ok(export)
+}
+
+/// The HF export of `source`'s best version by validation that still has a
+/// complete checkpoint (validation chooses, never training reward), else of
+/// its newest: the policy to evaluate or serve; `store` holds its checkpoints.
+pub async fn best_export(source: &Run, store: &ObjectStore) -> Result<String, Error> {
+    let (complete, newest) = ended_checkpoints(source, store).await?;
+    let ranked = sleuth_metrics::validation::ranked_versions(&source.validations);
+    let version = match ranked.iter().find(|v| complete.contains(v)) {
+        Some(&kept) => {
+            if ranked.first() != Some(&kept) {
+                tracing::warn!(run = %source.run_id, best = ?ranked.first(), kept, "the best validated version has no checkpoint; taking the best that has one");
+            }
+            kept
+        }
+        None => newest,
+    };
+    Ok(export_of(store, version))
+}
+
+/// The complete checkpoints of `source`, oldest first, and its newest,
+/// refusing a run that is still training or wrote none.
+async fn ended_checkpoints(source: &Run, store: &ObjectStore) -> Result<(Vec<u64>, u64), Error> {
     let name = &source.run_id;
     let refused = |why: String| Error::InvalidArgument(format!("policy.from_run {name:?}: {why}"));
     if matches!(RunStatus::try_from(source.status), Ok(RunStatus::Pending | RunStatus::Running)) {
@@ -49,24 +81,16 @@ pub async fn source_export(source: &Run, store: &ObjectStore) -> Result<String, 
             store.uri()
         )));
     };
-    let ranked = sleuth_metrics::validation::ranked_versions(&source.validations);
-    let version = match ranked.iter().find(|v| complete.contains(v)) {
-        Some(&kept) => {
-            if ranked.first() != Some(&kept) {
-                tracing::warn!(run = %name, best = ?ranked.first(), kept, "the best validated version has no checkpoint; starting from the best that has one");
-            }
-            kept
-        }
-        None => newest,
-    };
-    let export = format!("{}/{}/hf", store.uri(), checkpoint::step_dir(version));
-    tracing::info!(run = %name, version, %export, by_validation = !ranked.is_empty(), "starting from another run's policy");
-    Ok(export)
+    Ok((complete, newest))
 }
 
-/// `learner best-policy RUN`: where the policy a run ended with is, as a
-/// run naming it in `policy.from_run` would start from it (its best
-/// validated version with a checkpoint): to evaluate or serve it.
+/// Where the HF export of checkpoint `version` is in `store`.
+fn export_of(store: &ObjectStore, version: u64) -> String {
+    format!("{}/{}/hf", store.uri(), checkpoint::step_dir(version))
+}
+
+/// `learner best-policy RUN`: where an ended run's best validated policy is
+/// (its best validated version with a checkpoint): to evaluate or serve it.
 #[derive(clap::Args, Debug)]
 pub struct BestPolicyArgs {
     /// The ended run.
@@ -88,5 +112,57 @@ pub struct BestPolicyArgs {
 pub async fn best_policy(args: &BestPolicyArgs) -> Result<String, Error> {
     let run = crate::run_spec::fetch_run(&args.orchestrator, args.auth_token.as_ref(), &args.run_id).await?;
     let store = run_store(&args.checkpoint_uri, &run.run_id, &args.s3).await?;
-    source_export(&run, &store).await
+    best_export(&run, &store).await
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use sleuth_proto::rollout::v1::Validation;
+
+    use super::*;
+    use crate::checkpoint::Meta;
+
+    /// An ended run whose version 2 validated best, with checkpoints of
+    /// versions 2 and 5 in `store`.
+    async fn ended_run(store: &ObjectStore, status: RunStatus) -> Run {
+        for step in [2, 5] {
+            checkpoint::seal(store, &Meta { step, world_size: 1, ..Meta::default() }).await.unwrap();
+        }
+        let validation = |version, score| Validation {
+            version,
+            metrics: HashMap::from([("score".to_owned(), score)]),
+            ..Default::default()
+        };
+        Run {
+            run_id: "sft".into(),
+            status: status as i32,
+            validations: vec![validation(0, 0.0), validation(2, 0.6), validation(5, 0.5)],
+            ..Default::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_run_starts_from_where_its_source_ended_and_is_served_at_its_best() {
+        let scratch = tempfile::tempdir().unwrap();
+        let store = ObjectStore::Local { root: scratch.path().to_owned() };
+        let sft = ended_run(&store, RunStatus::Succeeded).await;
+        let export = |step| format!("{}/{}/hf", store.uri(), checkpoint::step_dir(step));
+        assert_eq!(final_export(&sft, &store).await.unwrap(), export(5), "GRPO continues where SFT ended");
+        assert_eq!(best_export(&sft, &store).await.unwrap(), export(2), "SFT is evaluated at its best validation");
+    }
+
+    #[tokio::test]
+    async fn a_run_still_training_or_without_checkpoints_is_refused_by_name() {
+        let scratch = tempfile::tempdir().unwrap();
+        let store = ObjectStore::Local { root: scratch.path().to_owned() };
+        let running = ended_run(&store, RunStatus::Running).await;
+        let error = final_export(&running, &store).await.unwrap_err().to_string();
+        assert!(error.contains("policy.from_run \"sft\"") && error.contains("still training"), "{error}");
+        let empty = ObjectStore::Local { root: scratch.path().join("none") };
+        let ended = Run { status: RunStatus::Succeeded as i32, ..running };
+        let error = best_export(&ended, &empty).await.unwrap_err().to_string();
+        assert!(error.contains("no complete checkpoint"), "{error}");
+    }
 }

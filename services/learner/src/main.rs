@@ -26,8 +26,8 @@ enum Command {
     /// Make a fresh policy for a collection: a BPE tokenizer trained on its
     /// text, a random Llama, and optionally copy pre-training.
     InitPolicy(learner::fresh::FreshArgs),
-    /// Print where an ended run's policy is: its best validated version
-    /// with a checkpoint (what `policy.from_run` starts from).
+    /// Print where an ended run's best validated policy is (its best
+    /// validated version with a checkpoint): to evaluate or serve it.
     BestPolicy(learner::lineage::BestPolicyArgs),
 }
 
