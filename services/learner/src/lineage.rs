@@ -70,9 +70,9 @@ pub async fn best_export(source: &Run, store: &ObjectStore) -> Result<String, Er
 /// refusing a run that is still training or wrote none.
 async fn ended_checkpoints(source: &Run, store: &ObjectStore) -> Result<(Vec<u64>, u64), Error> {
     let name = &source.run_id;
-    let refused = |why: String| Error::InvalidArgument(format!("policy.from_run {name:?}: {why}"));
+    let refused = |why: String| Error::InvalidArgument(format!("run {name:?}: {why}"));
     if matches!(RunStatus::try_from(source.status), Ok(RunStatus::Pending | RunStatus::Running)) {
-        return Err(refused("the run is still training; start from it once it has ended".into()));
+        return Err(refused("it is still training; start from it or evaluate it once it has ended".into()));
     }
     let complete = complete_steps(store).await?;
     let Some(&newest) = complete.last() else {
@@ -159,7 +159,7 @@ mod tests {
         let store = ObjectStore::Local { root: scratch.path().to_owned() };
         let running = ended_run(&store, RunStatus::Running).await;
         let error = final_export(&running, &store).await.unwrap_err().to_string();
-        assert!(error.contains("policy.from_run \"sft\"") && error.contains("still training"), "{error}");
+        assert!(error.contains("run \"sft\"") && error.contains("still training"), "{error}");
         let empty = ObjectStore::Local { root: scratch.path().join("none") };
         let ended = Run { status: RunStatus::Succeeded as i32, ..running };
         let error = best_export(&ended, &empty).await.unwrap_err().to_string();
