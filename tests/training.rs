@@ -291,7 +291,7 @@ async fn account(entries: &[(String, TrajectoryGroup)], data: &Path, watch: &Wat
 
 /// For every sampled segment of `groups`, the logprobs of its tokens under
 /// the weights of the version it names (the learner's checkpoint export)
-/// equal the ones the policy server recorded, within 1e-4; under an earlier version's weights they do not (so
+/// equal the ones the policy server recorded, within 2e-4; under an earlier version's weights they do not (so
 /// the check can tell versions apart). Returns the segments checked.
 fn check_token_versions(groups: &[&TrajectoryGroup], checkpoints: &Path, versions: &BTreeSet<u64>) -> Result<usize> {
     let weights = |version: u64| checkpoints.join(learner::checkpoint::step_dir(version)).join("hf");
@@ -312,7 +312,9 @@ fn check_token_versions(groups: &[&TrajectoryGroup], checkpoints: &Path, version
             let model = models.get(&version).with_context(|| format!("no weights of version {version}"))?;
             let ours = model.logprobs(&tokens[..span.end], span.start)?;
             let worst = max_gap(&ours, &segment.logprobs);
-            assert!(worst < 1e-4, "{}: segment at version {version} differs by {worst}", episode.episode_id);
+            // float32 sums in another order (the server's batch, the scorer's one sequence) moved a
+            // logprob by 1.08e-4 once under load; versions differ by more than 1e-3 (told apart below).
+            assert!(worst < 2e-4, "{}: segment at version {version} differs by {worst}", episode.episode_id);
             checked += 1;
             if let Some((_, before)) = models.range(..version).next_back() {
                 let before = before.logprobs(&tokens[..span.end], span.start)?;
