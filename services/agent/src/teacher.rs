@@ -22,7 +22,8 @@
 //! the [`EXPLORED`] most salient bridges, with each offered search tool,
 //! the shallow ways first.
 //! Which way suits a question is left to the reward: trajectory SFT keeps,
-//! of each question's episodes, those the reward ranks highest. The ways
+//! of each question's episodes, those the reward ranks highest (the fewest
+//! turns breaking ties: a hop after the answer was found scores as high). The ways
 //! are dealt out by the episode's index in its group, not drawn per
 //! episode: a way that two thirds of a services collection's 2-hop
 //! questions needed (the second lead: the most salient bridge of a

@@ -192,14 +192,21 @@ pub(crate) fn take_group(entry: &Entry, plan: &Plan, version: u64) -> (Vec<Sampl
 }
 
 /// Rejection sampling of a teacher's group: its episodes with the group's
-/// highest reward, when that reaches `min_reward`. A mixture teacher plays
-/// one question several ways (hops, which bridge), so the reward, not a
-/// rule, decides which way SFT learns for that question; keeping every
-/// episode above the threshold taught the policy each way alike.
+/// highest reward, when that reaches `min_reward`, and of those the ones
+/// that took the fewest turns. A mixture teacher plays one question several
+/// ways (hops, which bridge), so the reward, not a rule, decides which way
+/// SFT learns for that question; keeping every episode above the threshold
+/// taught the policy each way alike. The fewest turns because a hop after
+/// the answer was found scores as high (the ranking keeps the opening
+/// search's hits first): keeping those ties taught the policy to hop where
+/// its opening search had already won (a services collection's one-hop
+/// questions: 189 of 325 kept episodes; SciFact: 1,206 of 1,898), and GRPO
+/// started from that policy did not unlearn it in two epochs.
 fn best_episodes(group: &TrajectoryGroup, min_reward: f64) -> Vec<Episode> {
     let best = group.episodes.iter().map(|e| e.reward).filter(|r| r.is_finite()).fold(f64::NEG_INFINITY, f64::max);
-    let kept = |e: &&Episode| e.reward >= min_reward && e.reward >= best;
-    group.episodes.iter().filter(kept).cloned().collect()
+    let at_best = |e: &&Episode| e.reward >= min_reward && e.reward >= best;
+    let fewest = group.episodes.iter().filter(at_best).map(|e| e.turns).min();
+    group.episodes.iter().filter(at_best).filter(|e| Some(e.turns) == fewest).cloned().collect()
 }
 
 #[cfg(test)]
@@ -254,17 +261,26 @@ mod tests {
     }
 
     #[test]
-    fn a_teachers_group_keeps_its_best_episodes_above_the_threshold() {
-        let group = |rewards: &[f64]| TrajectoryGroup {
-            episodes: rewards.iter().map(|&reward| Episode { reward, ..Default::default() }).collect(),
+    fn a_teachers_group_keeps_its_best_episodes_above_the_threshold_in_the_fewest_turns() {
+        let group = |played: &[(f64, u32)]| TrajectoryGroup {
+            episodes: played.iter().map(|&(reward, turns)| Episode { reward, turns, ..Default::default() }).collect(),
             ..Default::default()
         };
-        let kept = |rewards: &[f64], min| -> Vec<f64> {
-            best_episodes(&group(rewards), min).iter().map(|e| e.reward).collect()
+        let kept = |played: &[(f64, u32)], min| -> Vec<(f64, u32)> {
+            best_episodes(&group(played), min).iter().map(|e| (e.reward, e.turns)).collect()
         };
-        assert_eq!(kept(&[0.9, 0.4, 0.9, f64::NAN], 0.5), [0.9, 0.9], "ties at the top all teach");
-        assert_eq!(kept(&[0.4, 0.3], 0.5), Vec::<f64>::new(), "the best is still below the threshold");
-        assert_eq!(kept(&[f64::NAN], f64::NEG_INFINITY), Vec::<f64>::new());
+        assert_eq!(
+            kept(&[(0.9, 2), (0.4, 1), (0.9, 2), (f64::NAN, 1)], 0.5),
+            [(0.9, 2), (0.9, 2)],
+            "ties at the top all teach"
+        );
+        assert_eq!(
+            kept(&[(0.9, 3), (0.9, 2), (0.4, 1), (0.9, 2), (0.9, 4)], 0.5),
+            [(0.9, 2), (0.9, 2)],
+            "a hop after the best reward was reached teaches nothing"
+        );
+        assert_eq!(kept(&[(0.4, 1), (0.3, 1)], 0.5), Vec::<(f64, u32)>::new(), "the best is still below the threshold");
+        assert_eq!(kept(&[(f64::NAN, 1)], f64::NEG_INFINITY), Vec::<(f64, u32)>::new());
     }
 
     proptest! {
