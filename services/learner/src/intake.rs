@@ -199,9 +199,8 @@ pub(crate) fn take_group(entry: &Entry, plan: &Plan, version: u64) -> (Vec<Sampl
 /// taught the policy each way alike. The fewest turns because a hop after
 /// the answer was found scores as high (the ranking keeps the opening
 /// search's hits first): keeping those ties taught the policy to hop where
-/// its opening search had already won (a services collection's one-hop
-/// questions: 189 of 325 kept episodes; SciFact: 1,206 of 1,898), and GRPO
-/// started from that policy did not unlearn it in two epochs.
+/// its opening search had already won, which GRPO did not unlearn
+/// (docs/learner.md, Trajectory SFT, has the counts).
 fn best_episodes(group: &TrajectoryGroup, min_reward: f64) -> Vec<Episode> {
     let best = group.episodes.iter().map(|e| e.reward).filter(|r| r.is_finite()).fold(f64::NEG_INFINITY, f64::max);
     let at_best = |e: &&Episode| e.reward >= min_reward && e.reward >= best;
