@@ -10,15 +10,18 @@
 //! [`Model::forward`] serves training (full sequences, causal, right-padded
 //! batches); [`Model::forward_with_cache`] serves inference with a KV cache.
 
+pub mod cache;
 pub mod config;
 pub mod export;
+mod layers;
 pub mod load;
 pub mod model;
 pub mod sampling;
 
+pub use cache::{BatchCache, KvCache};
 pub use config::{Architecture, Config};
 pub use load::load_weights;
-pub use model::{BatchCache, KvCache, Model};
+pub use model::Model;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
