@@ -51,7 +51,7 @@
 #   --train-limit N     train questions used (default 0: all)
 #   --eval-limit N      validation and test questions used (default 0: all)
 #   --sft-epochs N      passes over SFT's half of the train questions (default 2)
-#   --grpo-epochs N     passes over GRPO's half with the policy (default 2)
+#   --grpo-epochs N     passes over GRPO's half with the policy (default 4)
 #   --grpo LR:KL:T,...  GRPO's learning rate, KL coefficient and sampling
 #                       temperature (default 3e-4:1.0:0.7); several settings
 #                       train one run each, chosen on validation
@@ -73,7 +73,7 @@ mesh_name=train
 source "$(dirname "$0")/mesh.sh"
 
 source="" collection="" policy="" work="" vectors=0 index_vectors=0
-copy_steps=800 train_limit=0 eval_limit=0 sft_epochs=2 grpo_epochs=2 task=ranking
+copy_steps=800 train_limit=0 eval_limit=0 sft_epochs=2 grpo_epochs=4 task=ranking
 grpo_settings=3e-4:1.0:0.7 validation_only=0 teacher=mixture opening=""
 usage() { sed -n '2,/^set -euo/{/^#/p}' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 while (($#)); do
