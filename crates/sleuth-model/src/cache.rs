@@ -72,7 +72,8 @@ pub struct BatchCache {
 const CAPACITY_STEP: i64 = 256;
 
 impl BatchCache {
-    /// An empty batch of `slots` rows, each with room for [`CAPACITY_STEP`] positions to start.
+    /// An empty batch of `slots` rows, each with room for 256 positions to start (it grows in
+    /// steps of as many).
     pub fn new(config: &Config, slots: usize, kind: Kind, device: Device) -> Self {
         let slots = slots as i64;
         let shape = [slots, config.kv_heads(), CAPACITY_STEP, config.head_dim()];

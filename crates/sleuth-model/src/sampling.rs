@@ -97,7 +97,7 @@ pub fn sample_rows(logits: &Tensor, rows: &mut [(&Sampling, &mut Rng)]) -> Vec<S
         .collect()
 }
 
-/// Samples from one row of logits ([vocab], any float kind).
+/// Samples from one row of logits (`[vocab]`, any float kind).
 pub fn sample(logits: &Tensor, sampling: &Sampling, rng: &mut Rng) -> Sampled {
     let logits = logits.to_kind(Kind::Float);
     let model_logprobs = logits.log_softmax(-1, Kind::Float);
