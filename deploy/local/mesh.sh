@@ -88,7 +88,7 @@ mesh_stop() {
 }
 
 mesh_health() {
-  local flags=()
+  local flags=() name
   for name in "${!mesh_port[@]}"; do
     if [[ -z "${mesh_pid[$name]:-}" ]]; then
       flags+=(--skip "$name")
