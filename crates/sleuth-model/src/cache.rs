@@ -72,8 +72,8 @@ pub struct BatchCache {
 const CAPACITY_STEP: i64 = 256;
 
 impl BatchCache {
-    /// An empty batch of `slots` rows, each with room for 256 positions to start (it grows in
-    /// steps of as many).
+    /// An empty batch of `slots` rows, each with room for one capacity step of positions to
+    /// start (it grows a step at a time).
     pub fn new(config: &Config, slots: usize, kind: Kind, device: Device) -> Self {
         let slots = slots as i64;
         let shape = [slots, config.kv_heads(), CAPACITY_STEP, config.head_dim()];
